@@ -1,0 +1,26 @@
+# Settings for kvq's own tests, examples and benchmarks. Nothing here reaches
+# consumers of kvq::kvq.
+option(KVQ_SANITIZE "Build in-tree targets with ASan+UBSan" OFF)
+
+add_library(kvq_dev_flags INTERFACE)
+target_compile_options(kvq_dev_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wno-unused-parameter>)
+if(KVQ_SANITIZE)
+  target_compile_options(kvq_dev_flags INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer>)
+  target_link_options(kvq_dev_flags INTERFACE -fsanitize=address,undefined)
+endif()
+
+find_package(Threads REQUIRED)
+
+# kvq_add_test(<name> SOURCES <src>... [LIBS <lib>...])
+# One GoogleTest executable, registered with CTest test by test.
+function(kvq_add_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  find_package(GTest REQUIRED)
+  include(GoogleTest)
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE kvq::kvq kvq_dev_flags GTest::gtest_main Threads::Threads ${ARG_LIBS})
+  target_compile_definitions(${name} PRIVATE KVQ_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data")
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES LABELS "${ARG_LABELS}")
+endfunction()

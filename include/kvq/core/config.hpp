@@ -1,0 +1,106 @@
+// kvq/core/config.hpp — the one place that decides host/device qualifiers.
+//
+// Every scalar routine in kvq (packing, the group quantizer, FWHT butterflies,
+// online-softmax updates) is written once and marked KVQ_HOST_DEVICE, so the CPU
+// reference and the CUDA kernels execute literally the same arithmetic.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define KVQ_HOST_DEVICE __host__ __device__ inline
+#define KVQ_DEVICE __device__ inline
+#define KVQ_HOST __host__ inline
+#else
+#define KVQ_HOST_DEVICE inline
+#define KVQ_DEVICE inline
+#define KVQ_HOST inline
+#endif
+
+// True while compiling device code (the device pass of nvcc).
+#if defined(__CUDA_ARCH__)
+#define KVQ_DEVICE_CODE 1
+#else
+#define KVQ_DEVICE_CODE 0
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KVQ_FORCE_INLINE __attribute__((always_inline)) inline
+#define KVQ_RESTRICT __restrict__
+#else
+#define KVQ_FORCE_INLINE inline
+#define KVQ_RESTRICT
+#endif
+
+#if !KVQ_DEVICE_CODE
+#include <cmath>
+#endif
+
+namespace kvq {
+
+// Floating-point helpers whose rounding never depends on the compiler's contraction
+// setting. The quantizer's codes must be bit-identical on host and device, and an
+// engine may compile kvq with -ffp-contract=fast (GCC's default) or nvcc --fmad=true,
+// which would silently fuse a*b+c. Each product here is rounded to fp32 on its own.
+KVQ_HOST_DEVICE float mul_rn(float a, float b) {
+#if KVQ_DEVICE_CODE
+  return __fmul_rn(a, b);
+#else
+  float p = a * b;
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(p));  // materialize the rounded product: no fusion past here
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+  __asm__("" : "+w"(p));
+#else
+  volatile float vp = p;
+  p = vp;
+#endif
+  return p;
+#endif
+}
+
+KVQ_HOST_DEVICE float add_rn(float a, float b) {
+#if KVQ_DEVICE_CODE
+  return __fadd_rn(a, b);
+#else
+  return a + b;  // an add alone cannot be contracted
+#endif
+}
+
+KVQ_HOST_DEVICE float sub_rn(float a, float b) {
+#if KVQ_DEVICE_CODE
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+KVQ_HOST_DEVICE float div_rn(float a, float b) {
+#if KVQ_DEVICE_CODE
+  return __fdiv_rn(a, b);  // IEEE division even under -use_fast_math
+#else
+  return a / b;
+#endif
+}
+
+KVQ_HOST_DEVICE float floor_f(float x) {
+#if KVQ_DEVICE_CODE
+  return floorf(x);
+#else
+  return std::floor(x);
+#endif
+}
+
+KVQ_HOST_DEVICE bool is_finite_f(float x) {
+#if KVQ_DEVICE_CODE
+  return isfinite(x);
+#else
+  return std::isfinite(x);
+#endif
+}
+
+KVQ_HOST_DEVICE float fmax_f(float a, float b) { return a > b ? a : b; }
+KVQ_HOST_DEVICE float fmin_f(float a, float b) { return a < b ? a : b; }
+
+}  // namespace kvq
