@@ -1,0 +1,139 @@
+// kvq/attention/dense.hpp — full-precision decode attention (CPU), for the attention-
+// sink and recent windows and as the fp16 baseline of the benchmarks. It uses the same
+// online-softmax driver and GQA sharing as the quantized path (kvq/attention/online.hpp).
+//
+// Two key/value sources:
+//   ragged rows : k, v [kv_indptr[batch], Hkv, D] of T; sequence b owns rows
+//                 kv_indptr[b] .. kv_indptr[b+1]
+//   paged       : DensePageLayout<T, D> pages addressed by a CSR page table
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "kvq/attention/online.hpp"
+#include "kvq/attention/params.hpp"
+#include "kvq/attention/softmax.hpp"
+#include "kvq/layout/page_table.hpp"
+#include "kvq/layout/paged.hpp"
+
+namespace kvq {
+
+// Page of a full-precision paged cache: per head a K region [P][D] and a V region
+// [P][D] of T, heads consecutive (the same page granularity as the quantized layout).
+template <ActivationType T, int D>
+struct DensePageLayout {
+  int page_size = 16;
+  int num_kv_heads = 1;
+  KVQ_HOST_DEVICE constexpr std::size_t region_bytes() const { return align16(std::size_t(page_size) * D * sizeof(T)); }
+  KVQ_HOST_DEVICE constexpr std::size_t page_bytes() const { return 2 * region_bytes() * num_kv_heads; }
+  template <class Byte>
+  KVQ_HOST_DEVICE auto key_row(Byte* page, int h, int slot) const {
+    return reinterpret_cast<std::conditional_t<std::is_const_v<Byte>, const T*, T*>>(
+        page + 2 * region_bytes() * h + std::size_t(slot) * D * sizeof(T));
+  }
+  template <class Byte>
+  KVQ_HOST_DEVICE auto value_row(Byte* page, int h, int slot) const {
+    return reinterpret_cast<std::conditional_t<std::is_const_v<Byte>, const T*, T*>>(
+        page + 2 * region_bytes() * h + region_bytes() + std::size_t(slot) * D * sizeof(T));
+  }
+};
+
+namespace detail {
+
+// Attention of every sequence and KV head; key_row(b, t, h) / value_row(b, t, h)
+// return the [D] row of T, seq_len(b) the part length.
+template <int D, ActivationType T, ActivationType QT, ActivationType OT, class SeqLen, class KeyRow, class ValueRow>
+void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& seq_len, KeyRow&& key_row,
+                  ValueRow&& value_row) {
+  const int hq = p.num_qo_heads, group = hq / hkv;
+  const float tau = p.scale(D);
+  alignas(64) float qs[kMaxRowsPerPass][D];
+  int limit[kMaxRowsPerPass];
+  alignas(64) float acc[kMaxRowsPerPass * D];
+  float m[kMaxRowsPerPass], l[kMaxRowsPerPass];
+  alignas(64) float row[D];
+  for (int b = 0; b < batch; ++b) {
+    const int q0 = p.q_indptr[b], nq = p.q_indptr[b + 1] - q0;
+    const int len = seq_len(b);
+    const int offset = p.causal_offset ? p.causal_offset[b] : len - nq;
+    for (int h = 0; h < hkv; ++h) {
+      for (int r0 = 0; r0 < nq * group; r0 += kMaxRowsPerPass) {
+        const int rows = std::min(kMaxRowsPerPass, nq * group - r0);
+        for (int rr = 0; rr < rows; ++rr) {
+          const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
+          const QT* src = p.q + (std::size_t(q0 + i) * hq + j) * D;
+          for (int d = 0; d < D; ++d) qs[rr][d] = to_float(src[d]);
+          const long long lim = static_cast<long long>(i) + offset;
+          limit[rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
+        }
+        auto key_logits = [&](int t, float* out) {
+          const T* k = key_row(b, t, h);
+          for (int d = 0; d < D; ++d) row[d] = to_float(k[d]);
+          for (int rr = 0; rr < rows; ++rr) out[rr] = tau * dot<D>(qs[rr], row);
+        };
+        auto value_acc = [&](int t, const float* pw, float* a) {
+          const T* v = value_row(b, t, h);
+          for (int d = 0; d < D; ++d) row[d] = to_float(v[d]);
+          for (int rr = 0; rr < rows; ++rr) {
+            if (pw[rr] == 0.f) continue;
+            for (int d = 0; d < D; ++d) a[rr * D + d] += pw[rr] * row[d];
+          }
+        };
+        attend_part<D>(len, rows, limit, acc, m, l, key_logits, value_acc);
+        for (int rr = 0; rr < rows; ++rr) {
+          const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
+          const bool empty = l[rr] == 0.f;
+          const float inv_l = empty ? 0.f : 1.f / l[rr];
+          OT* dst = p.out + (std::size_t(q0 + i) * hq + j) * D;
+          for (int d = 0; d < D; ++d) dst[d] = from_float<OT>(acc[rr * D + d] * inv_l);
+          if (p.lse) p.lse[std::size_t(q0 + i) * hq + j] = empty ? neg_inf_f() : m[rr] + std::log(l[rr]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+// Full-precision attention over ragged contiguous K/V rows (see file comment).
+template <int D, ActivationType T, ActivationType QT, ActivationType OT>
+Status dense_attention(const T* keys, const T* values, const std::int32_t* kv_indptr, int batch, int num_kv_heads,
+                       const DecodeParams<QT, OT>& p) {
+  using enum StatusCode;
+  static_assert(D >= 8 && D % 8 == 0, "kvq: dense attention needs head_dim a multiple of 8");
+  KVQ_CHECK_ARG(kv_indptr && batch >= 0, invalid_argument, "dense attention: kv_indptr is null");
+  PageTableView shape{kv_indptr, nullptr, nullptr, batch, 1};
+  KVQ_RETURN_IF_ERROR(validate_decode_params(p, shape, num_kv_heads));
+  KVQ_CHECK_ARG(kv_indptr[0] == 0, invalid_argument, "dense attention: kv_indptr[0] must be 0");
+  for (int b = 0; b < batch; ++b)
+    KVQ_CHECK_ARG(kv_indptr[b + 1] >= kv_indptr[b], invalid_argument, "dense attention: kv_indptr must be non-decreasing");
+  KVQ_CHECK_ARG(kv_indptr[batch] == 0 || (keys && values), invalid_argument, "dense attention: keys/values are null");
+  const std::size_t hkv = num_kv_heads;
+  detail::dense_decode<D, T>(
+      batch, num_kv_heads, p, [&](int b) { return kv_indptr[b + 1] - kv_indptr[b]; },
+      [&](int b, int t, int h) { return keys + ((std::size_t(kv_indptr[b]) + t) * hkv + h) * D; },
+      [&](int b, int t, int h) { return values + ((std::size_t(kv_indptr[b]) + t) * hkv + h) * D; });
+  return {};
+}
+
+// Full-precision attention over a paged cache with DensePageLayout<T, D> pages.
+template <int D, ActivationType T, ActivationType QT, ActivationType OT>
+Status dense_paged_attention(const std::byte* pool, int num_pages, const DensePageLayout<T, D>& layout,
+                             const PageTableView& table, const DecodeParams<QT, OT>& p) {
+  using enum StatusCode;
+  KVQ_CHECK_ARG(pool || num_pages == 0, invalid_argument, "dense attention: pool is null");
+  KVQ_CHECK_ARG(table.page_size == layout.page_size, invalid_argument,
+                "dense attention: page table page_size differs from the layout's");
+  KVQ_RETURN_IF_ERROR(validate_page_table(table, num_pages));
+  KVQ_RETURN_IF_ERROR(validate_decode_params(p, table, layout.num_kv_heads));
+  auto page = [&](int b, int t) { return pool + layout.page_bytes() * std::size_t(table.page_of(b, t)); };
+  detail::dense_decode<D, T>(
+      table.batch_size, layout.num_kv_heads, p, [&](int b) { return table.seq_len(b); },
+      [&](int b, int t, int h) { return layout.key_row(page(b, t), h, t % table.page_size); },
+      [&](int b, int t, int h) { return layout.value_row(page(b, t), h, t % table.page_size); });
+  return {};
+}
+
+}  // namespace kvq

@@ -1,0 +1,55 @@
+// kvq/attention/params.hpp — the arguments of a decode-attention call, shared by the
+// quantized and full-precision paths on CPU and CUDA.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "kvq/core/numeric.hpp"
+#include "kvq/core/status.hpp"
+#include "kvq/layout/page_table.hpp"
+
+namespace kvq {
+
+// Queries of a ragged batch and where the results go.
+//   q        : [total_q, Hq, D]  rows of sequence b are q_indptr[b] .. q_indptr[b+1]
+//   out      : [total_q, Hq, D]
+//   lse      : [total_q, Hq]     natural-log LSE of τ·q·k over the visible keys, in the
+//                                original (un-centered) logit domain; −∞ if none visible
+// Causal mask: key t of the part is visible to query i of sequence b iff
+//   t ≤ i + causal_offset[b]. With causal_offset == nullptr the queries are the last
+//   n_q tokens of the part (offset = seq_len − n_q); a huge offset disables the mask.
+// GQA: query head j reads KV head ⌊j / (Hq/Hkv)⌋.
+template <ActivationType QT = float, ActivationType OT = float>
+struct DecodeParams {
+  const QT* q = nullptr;
+  const std::int32_t* q_indptr = nullptr;  // [batch + 1]
+  int num_qo_heads = 0;                    // Hq, a positive multiple of Hkv
+  const std::int32_t* causal_offset = nullptr;  // [batch] or null
+  float sm_scale = 0.f;                    // τ; 0 → 1/√D
+  bool rotated_output = false;             // leave o in the stored value basis (R_V folded
+                                           // into W_O); needs un-centered values
+  OT* out = nullptr;
+  float* lse = nullptr;                    // optional
+
+  float scale(int head_dim) const { return sm_scale != 0.f ? sm_scale : 1.f / std::sqrt(float(head_dim)); }
+};
+
+template <class Params>
+Status validate_decode_params(const Params& p, const PageTableView& table, int num_kv_heads) {
+  using enum StatusCode;
+  KVQ_CHECK_ARG(p.q && p.out && p.q_indptr, invalid_argument, "attention: q, q_indptr and out must not be null");
+  KVQ_CHECK_ARG(num_kv_heads >= 1, invalid_argument, "attention: num_kv_heads must be >= 1");
+  KVQ_CHECK_ARG(p.num_qo_heads >= 1 && p.num_qo_heads % num_kv_heads == 0, invalid_argument,
+                "attention: num_qo_heads (" + std::to_string(p.num_qo_heads) +
+                    ") must be a positive multiple of num_kv_heads (" + std::to_string(num_kv_heads) + ")");
+  KVQ_CHECK_ARG(std::isfinite(p.sm_scale), invalid_argument, "attention: sm_scale must be finite");
+  KVQ_CHECK_ARG(p.q_indptr[0] == 0, invalid_argument, "attention: q_indptr[0] must be 0");
+  for (int b = 0; b < table.batch_size; ++b)
+    if (p.q_indptr[b + 1] < p.q_indptr[b])
+      return {invalid_argument, "attention: q_indptr must be non-decreasing (sequence " + std::to_string(b) + ")"};
+  return {};
+}
+
+}  // namespace kvq

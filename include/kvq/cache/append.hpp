@@ -1,0 +1,133 @@
+// kvq/cache/append.hpp — quantize-append of new K/V rows into the paged cache (CPU
+// reference). The CUDA kernel in kvq/cuda/ calls the same per-row functions.
+//
+// For every new token i:  k_i, v_i : [Hkv, D] rows of type T (fp32 / fp16 / bf16)
+//   → center → rotate → clip → group-quantize → pack → page indices[indptr[b] + pos/P],
+//     slot pos % P, with b = batch_indices[i], pos = positions[i].
+// The engine grows the page table (and last_page_len) before appending; positions must
+// lie inside the sequence it describes.
+#pragma once
+
+#include <string>
+
+#include "kvq/core/numeric.hpp"
+#include "kvq/core/quantizer.hpp"
+#include "kvq/core/status.hpp"
+#include "kvq/layout/page_table.hpp"
+#include "kvq/layout/paged.hpp"
+#include "kvq/rotation/transform.hpp"
+
+namespace kvq {
+
+// Quantizes one key row and one value row of KV head h into `page`, slot `slot`.
+// k, v: [D] fp32 raw rows (copied; the caller's rows are not modified).
+template <Policy P>
+KVQ_HOST_DEVICE void quantize_token_head(const float* k, const float* v, int h, int slot,
+                                         const RotationParams& r, const PageLayout<P>& layout,
+                                         std::byte* page) {
+  constexpr int D = P.head_dim;
+  float row[D], scratch[D];
+  for (int i = 0; i < D; ++i) row[i] = k[i];
+  transform_key<P>(row, h, r, scratch);
+  quantize_row<P.key, D>(row, reinterpret_cast<std::uint8_t*>(layout.key_codes(page, h, slot)),
+                         reinterpret_cast<meta_storage_t<P.key.meta>*>(layout.key_meta_bytes(page, h, slot)));
+  for (int i = 0; i < D; ++i) row[i] = v[i];
+  transform_value<P>(row, h, r, scratch);
+  quantize_row<P.value, D>(row, reinterpret_cast<std::uint8_t*>(layout.value_codes(page, h, slot)),
+                           reinterpret_cast<meta_storage_t<P.value.meta>*>(layout.value_meta_bytes(page, h, slot)));
+}
+
+// Checks an append request; writes nothing.
+template <Policy P>
+Status validate_append(const PagedCacheView<P>& cache, const PageTableView& table, const void* keys,
+                       const void* values, int num_tokens, const std::int32_t* batch_indices,
+                       const std::int32_t* positions, const RotationParams& r) {
+  using enum StatusCode;
+  KVQ_CHECK_ARG(num_tokens >= 0, invalid_argument, "append: negative num_tokens");
+  if (num_tokens == 0) return {};
+  KVQ_CHECK_ARG(keys && values && batch_indices && positions, invalid_argument,
+                "append: keys, values, batch_indices and positions must not be null");
+  KVQ_CHECK_ARG(cache.pool, invalid_argument, "append: cache pool is null");
+  KVQ_CHECK_ARG(cache.layout.num_kv_heads >= 1, invalid_argument, "append: num_kv_heads must be >= 1");
+  KVQ_CHECK_ARG(table.page_size == cache.layout.page_size, invalid_argument,
+                "append: page table page_size differs from the cache layout's");
+  KVQ_RETURN_IF_ERROR(validate_page_table(table, cache.num_pages));
+  KVQ_RETURN_IF_ERROR(validate_rotation_params<P>(r));
+  for (int i = 0; i < num_tokens; ++i) {
+    const int b = batch_indices[i];
+    if (b < 0 || b >= table.batch_size)
+      return {out_of_range, "append: batch_indices[" + std::to_string(i) + "] = " + std::to_string(b) +
+                                " outside [0, " + std::to_string(table.batch_size) + ")"};
+    if (positions[i] < 0 || positions[i] >= table.seq_len(b))
+      return {out_of_range, "append: positions[" + std::to_string(i) + "] = " + std::to_string(positions[i]) +
+                                " outside sequence " + std::to_string(b) + " of length " +
+                                std::to_string(table.seq_len(b)) + " (grow the page table first)"};
+  }
+  return {};
+}
+
+// Quantize-append (CPU reference).
+//   keys, values  : [num_tokens, Hkv, D] of T
+//   batch_indices : [num_tokens] sequence of each token
+//   positions     : [num_tokens] position of each token inside its sequence
+template <Policy P, ActivationType T>
+Status append_kv(const PagedCacheView<P>& cache, const PageTableView& table, const T* keys, const T* values,
+                 int num_tokens, const std::int32_t* batch_indices, const std::int32_t* positions,
+                 const RotationParams& r = {}) {
+  static_assert(check_policy<P>());
+  KVQ_RETURN_IF_ERROR(validate_append(cache, table, keys, values, num_tokens, batch_indices, positions, r));
+  constexpr int D = P.head_dim;
+  const int hkv = cache.layout.num_kv_heads;
+  float k[D], v[D];
+  for (int i = 0; i < num_tokens; ++i) {
+    const int b = batch_indices[i], pos = positions[i];
+    std::byte* page = cache.page(table.page_of(b, pos));
+    for (int h = 0; h < hkv; ++h) {
+      const std::size_t row = (std::size_t(i) * hkv + h) * D;
+      for (int d = 0; d < D; ++d) {
+        k[d] = to_float(keys[row + d]);
+        v[d] = to_float(values[row + d]);
+      }
+      quantize_token_head<P>(k, v, h, pos % table.page_size, r, cache.layout, page);
+    }
+  }
+  return {};
+}
+
+// Dequantizes sequence b into rows (tests, debugging, CPU extras).
+//   keys, values : [seq_len(b), Hkv, D] fp32 in the ORIGINAL basis (inverse rotation
+//                  applied, means added back) — the K̂, V̂ that attention effectively uses.
+template <Policy P>
+Status dequantize_sequence(const ConstPagedCacheView<P>& cache, const PageTableView& table, int b,
+                           const RotationParams& r, float* keys, float* values) {
+  using enum StatusCode;
+  KVQ_CHECK_ARG(keys && values, invalid_argument, "dequantize: null output");
+  KVQ_CHECK_ARG(table.page_size == cache.layout.page_size, invalid_argument,
+                "dequantize: page table page_size differs from the cache layout's");
+  KVQ_RETURN_IF_ERROR(validate_page_table(table, cache.num_pages));
+  KVQ_RETURN_IF_ERROR(validate_rotation_params<P>(r));
+  KVQ_CHECK_ARG(b >= 0 && b < table.batch_size, out_of_range, "dequantize: sequence index out of range");
+  constexpr int D = P.head_dim;
+  const int hkv = cache.layout.num_kv_heads;
+  float scratch[D];
+  for (int t = 0; t < table.seq_len(b); ++t) {
+    const std::byte* page = cache.page(table.page_of(b, t));
+    const int slot = t % table.page_size;
+    for (int h = 0; h < hkv; ++h) {
+      float* k = keys + (std::size_t(t) * hkv + h) * D;
+      float* v = values + (std::size_t(t) * hkv + h) * D;
+      dequantize_row<P.key, D>(reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(page, h, slot)),
+                               reinterpret_cast<const meta_storage_t<P.key.meta>*>(cache.layout.key_meta_bytes(page, h, slot)), k);
+      dequantize_row<P.value, D>(reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(page, h, slot)),
+                                 reinterpret_cast<const meta_storage_t<P.value.meta>*>(cache.layout.value_meta_bytes(page, h, slot)), v);
+      // Keys: k̂ = u·R_Kᵀ + μ_K.
+      detail::rotate_inverse<P.key, D>(k, r.key_rotation + (P.key.rotation == Rotation::dense ? h * D * D : 0), scratch);
+      if constexpr (P.key.centered)
+        for (int i = 0; i < D; ++i) k[i] = add_rn(k[i], r.key_mean[h * D + i]);
+      untransform_output<P>(v, h, r, scratch);
+    }
+  }
+  return {};
+}
+
+}  // namespace kvq

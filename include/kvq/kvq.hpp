@@ -1,0 +1,23 @@
+// kvq/kvq.hpp — umbrella header for the host side (no CUDA needed).
+#pragma once
+
+#include "kvq/attention/decode.hpp"
+#include "kvq/attention/dense.hpp"
+#include "kvq/attention/params.hpp"
+#include "kvq/attention/reference.hpp"
+#include "kvq/attention/softmax.hpp"
+#include "kvq/cache/append.hpp"
+#include "kvq/cache/host_cache.hpp"
+#include "kvq/core/config.hpp"
+#include "kvq/core/dispatch.hpp"
+#include "kvq/core/numeric.hpp"
+#include "kvq/core/packing.hpp"
+#include "kvq/core/policy.hpp"
+#include "kvq/core/quantizer.hpp"
+#include "kvq/core/status.hpp"
+#include "kvq/layout/page_table.hpp"
+#include "kvq/layout/paged.hpp"
+#include "kvq/rotation/dense.hpp"
+#include "kvq/rotation/folding.hpp"
+#include "kvq/rotation/hadamard.hpp"
+#include "kvq/rotation/transform.hpp"

@@ -1,0 +1,63 @@
+// kvq/layout/page_table.hpp — CSR page table (FlashInfer's paged-KV convention).
+//
+//   indptr        : [batch + 1]  pages of sequence b are indices[indptr[b] .. indptr[b+1])
+//   indices       : [indptr[batch]] page numbers into the pool, each in [0, num_pages)
+//   last_page_len : [batch]      tokens in the last page, in [1, page_size]; 0 iff the
+//                                sequence has no pages
+//
+// Sequence b holds (pages − 1)·page_size + last_page_len tokens; token t lives in page
+// indices[indptr[b] + t / page_size], slot t % page_size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvq/core/config.hpp"
+#include "kvq/core/status.hpp"
+
+namespace kvq {
+
+struct PageTableView {
+  const std::int32_t* indptr = nullptr;
+  const std::int32_t* indices = nullptr;
+  const std::int32_t* last_page_len = nullptr;
+  int batch_size = 0;
+  int page_size = 16;
+
+  KVQ_HOST_DEVICE int num_pages(int b) const { return indptr[b + 1] - indptr[b]; }
+  KVQ_HOST_DEVICE int seq_len(int b) const {
+    const int n = num_pages(b);
+    return n == 0 ? 0 : (n - 1) * page_size + last_page_len[b];
+  }
+  // Page number and slot of token t of sequence b (t < seq_len(b)).
+  KVQ_HOST_DEVICE int page_of(int b, int t) const { return indices[indptr[b] + t / page_size]; }
+  KVQ_HOST_DEVICE static int slot_of(int t, int page_size) { return t % page_size; }
+};
+
+// Checks the whole table against a pool of `num_pages` pages. Host memory only.
+inline Status validate_page_table(const PageTableView& t, int num_pages) {
+  using enum StatusCode;
+  KVQ_CHECK_ARG(t.batch_size >= 0, invalid_argument, "page table: negative batch_size");
+  KVQ_CHECK_ARG(t.page_size >= 1, invalid_argument, "page table: page_size must be >= 1");
+  KVQ_CHECK_ARG(t.batch_size == 0 || (t.indptr && t.last_page_len), invalid_argument,
+                "page table: indptr and last_page_len must not be null");
+  if (t.batch_size == 0) return {};
+  KVQ_CHECK_ARG(t.indptr[0] == 0, invalid_argument, "page table: indptr[0] must be 0");
+  for (int b = 0; b < t.batch_size; ++b) {
+    const int n = t.indptr[b + 1] - t.indptr[b];
+    if (n < 0)
+      return {invalid_argument, "page table: indptr must be non-decreasing (sequence " + std::to_string(b) + ")"};
+    const int last = t.last_page_len[b];
+    if (n == 0 ? last != 0 : (last < 1 || last > t.page_size))
+      return {out_of_range, "page table: last_page_len[" + std::to_string(b) + "] = " + std::to_string(last) +
+                                " must be in [1, page_size] for a non-empty sequence and 0 for an empty one"};
+  }
+  KVQ_CHECK_ARG(t.indptr[t.batch_size] == 0 || t.indices, invalid_argument, "page table: indices is null");
+  for (int i = 0; i < t.indptr[t.batch_size]; ++i)
+    if (t.indices[i] < 0 || t.indices[i] >= num_pages)
+      return {out_of_range, "page table: indices[" + std::to_string(i) + "] = " + std::to_string(t.indices[i]) +
+                                " outside the pool [0, " + std::to_string(num_pages) + ")"};
+  return {};
+}
+
+}  // namespace kvq

@@ -1,0 +1,102 @@
+// kvq/rotation/transform.hpp — centering + rotation of key, value and query rows as the
+// policy prescribes (DESIGN §3). Used identically by append, attention and CUDA.
+//
+//   stored key   u = (k − μ_K)·R_K        query   q' = q·R_K,  logit shift τ·(q·μ_K)
+//   stored value w = (v − ν_V)·R_V        output  o  = ô·R_Vᵀ + ν_V
+#pragma once
+
+#include <string>
+
+#include "kvq/core/config.hpp"
+#include "kvq/core/policy.hpp"
+#include "kvq/core/status.hpp"
+#include "kvq/rotation/dense.hpp"
+#include "kvq/rotation/hadamard.hpp"
+
+namespace kvq {
+
+// Run-time parameters of one layer (non-owning). Heads are indexed locally: a
+// tensor-parallel rank passes pointers offset to its first KV head.
+struct RotationParams {
+  const float* key_mean = nullptr;        // [Hkv, D]     required iff P.key.centered
+  const float* key_rotation = nullptr;    // [Hkv, D, D]  required iff P.key.rotation == dense
+  const float* value_mean = nullptr;      // [Hkv, D]     required iff P.value.centered
+  const float* value_rotation = nullptr;  // [Hkv, D, D]  required iff P.value.rotation == dense
+};
+
+template <Policy P>
+inline Status validate_rotation_params(const RotationParams& r) {
+  using enum StatusCode;
+  KVQ_CHECK_ARG(!P.key.centered || r.key_mean, invalid_argument,
+                "policy centers keys but RotationParams::key_mean is null");
+  KVQ_CHECK_ARG(P.key.rotation != Rotation::dense || r.key_rotation, invalid_argument,
+                "policy uses a dense key rotation but RotationParams::key_rotation is null");
+  KVQ_CHECK_ARG(!P.value.centered || r.value_mean, invalid_argument,
+                "policy centers values but RotationParams::value_mean is null");
+  KVQ_CHECK_ARG(P.value.rotation != Rotation::dense || r.value_rotation, invalid_argument,
+                "policy uses a dense value rotation but RotationParams::value_rotation is null");
+  return {};
+}
+
+namespace detail {
+// x ← x·R for the spec's rotation; `scratch` is [D] (dense only).
+template <QuantSpec S, int D>
+KVQ_HOST_DEVICE void rotate_forward(float* x, const float* dense_r, float* scratch) {
+  if constexpr (S.rotation == Rotation::hadamard) {
+    hadamard_forward<D>(x, S.sign_seed);
+  } else if constexpr (S.rotation == Rotation::dense) {
+    rotate_dense<D>(x, dense_r, scratch);
+    for (int i = 0; i < D; ++i) x[i] = scratch[i];
+  }
+}
+template <QuantSpec S, int D>
+KVQ_HOST_DEVICE void rotate_inverse(float* x, const float* dense_r, float* scratch) {
+  if constexpr (S.rotation == Rotation::hadamard) {
+    hadamard_inverse<D>(x, S.sign_seed);
+  } else if constexpr (S.rotation == Rotation::dense) {
+    rotate_dense_transposed<D>(x, dense_r, scratch);
+    for (int i = 0; i < D; ++i) x[i] = scratch[i];
+  }
+}
+}  // namespace detail
+
+// x [D] (raw key of KV head h) → stored-basis key u, in place. scratch: [D].
+template <Policy P>
+KVQ_HOST_DEVICE void transform_key(float* x, int h, const RotationParams& r, float* scratch) {
+  constexpr int D = P.head_dim;
+  if constexpr (P.key.centered)
+    for (int i = 0; i < D; ++i) x[i] = sub_rn(x[i], r.key_mean[h * D + i]);
+  detail::rotate_forward<P.key, D>(x, r.key_rotation + (P.key.rotation == Rotation::dense ? h * D * D : 0), scratch);
+}
+
+// x [D] (raw value of KV head h) → stored-basis value w, in place.
+template <Policy P>
+KVQ_HOST_DEVICE void transform_value(float* x, int h, const RotationParams& r, float* scratch) {
+  constexpr int D = P.head_dim;
+  if constexpr (P.value.centered)
+    for (int i = 0; i < D; ++i) x[i] = sub_rn(x[i], r.value_mean[h * D + i]);
+  detail::rotate_forward<P.value, D>(x, r.value_rotation + (P.value.rotation == Rotation::dense ? h * D * D : 0), scratch);
+}
+
+// Query row for KV head h: q ← q·R_K in place; returns q·μ_K (0 when keys are not
+// centered), computed on the unrotated q in fp32.
+template <Policy P>
+KVQ_HOST_DEVICE float transform_query(float* q, int h, const RotationParams& r, float* scratch) {
+  constexpr int D = P.head_dim;
+  float shift = 0.f;
+  if constexpr (P.key.centered)
+    for (int i = 0; i < D; ++i) shift += q[i] * r.key_mean[h * D + i];
+  detail::rotate_forward<P.key, D>(q, r.key_rotation + (P.key.rotation == Rotation::dense ? h * D * D : 0), scratch);
+  return shift;
+}
+
+// Rotated-basis attention output ô [D] of KV head h → o = ô·R_Vᵀ + ν_V, in place.
+template <Policy P>
+KVQ_HOST_DEVICE void untransform_output(float* o, int h, const RotationParams& r, float* scratch) {
+  constexpr int D = P.head_dim;
+  detail::rotate_inverse<P.value, D>(o, r.value_rotation + (P.value.rotation == Rotation::dense ? h * D * D : 0), scratch);
+  if constexpr (P.value.centered)
+    for (int i = 0; i < D; ++i) o[i] = add_rn(o[i], r.value_mean[h * D + i]);
+}
+
+}  // namespace kvq
