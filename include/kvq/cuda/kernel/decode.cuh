@@ -1,0 +1,620 @@
+// kvq/cuda/kernel/decode.cuh — split-KV decode attention over a paged cache, quantized
+// (DESIGN §4) or full precision (the windows and the BF16 baseline), one design for both.
+//
+// Work decomposition. A CTA owns one (sequence b, KV head h, split s, row tile): all
+// query rows (query tokens × the g query heads of h, up to R rows) that read the same
+// codes, so every code is loaded once per GQA group. Each of the NW warps walks its own
+// 32-token tiles of the split, double-buffered with 128-bit cp.async into shared memory:
+//   K codes  [16-byte chunk][32 tokens]  (transposed: lane t reads token t conflict-free)
+//   K meta, V codes, V meta              (token-major)
+// q·k phase: lane t computes all R logits of token t directly on the codes,
+//   logit = Σ_g s_g·(q'_g·c_g) + lo_g·Σq'_g, with q' pre-scaled by τ·log₂e (so the
+//   softmax runs in exp2) and the per-group sums Σq'_g computed once per CTA.
+// softmax: running max m (warp-uniform), per-lane partial sums l, fp32.
+// p·v phase: lane (u, slice) owns VD value dims of tokens u, u+U, …; it expands
+//   ŵ = s·c + lo in registers and accumulates p·ŵ for all R rows.
+// The warps' states merge through shared memory; with one split the CTA normalizes,
+// applies R_Vᵀ and ν (unless rotated_output) and writes o and lse; with several splits it
+// writes fp32 partials and split_merge_kernel finishes.
+//
+// This is the fp32 CUDA-core kernel. DESIGN §9: at 2 bits with GQA it is compute-bound
+// below the bandwidth target; the tensor-core (mma.sync on unpacked fp16 fragments)
+// variant is future work and would slot in as another q·k / p·v implementation.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvq/attention/dense.hpp"
+#include "kvq/attention/params.hpp"
+#include "kvq/core/quantizer.hpp"
+#include "kvq/cuda/config.cuh"
+#include "kvq/cuda/launch/api.hpp"
+#include "kvq/cuda/launch/plan.hpp"
+#include "kvq/cuda/warp/copy.cuh"
+#include "kvq/cuda/warp/reduce.cuh"
+#include "kvq/cuda/warp/rotate.cuh"
+#include "kvq/layout/paged.hpp"
+
+namespace kvq::cuda::kernel {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// Exact small integer → float without I2F: 2^23 + c has c in its low mantissa bits.
+__device__ __forceinline__ float code_to_float(unsigned c) { return __uint_as_float(0x4B000000u | c) - 8388608.f; }
+
+// Metadata decode with the hardware conversion (exact, so the same value as
+// MetaTraits<M>::decode).
+template <MetaType M>
+__device__ __forceinline__ float meta_fast(meta_storage_t<M> s) {
+  if constexpr (M == MetaType::fp16) {
+    return __half2float(__ushort_as_half(s));
+  } else if constexpr (M == MetaType::bf16) {
+    return __uint_as_float(static_cast<unsigned>(s) << 16);
+  } else {
+    return s;
+  }
+}
+
+// Two 16-bit values of a little-endian word → floats (exact).
+template <ActivationType T>
+__device__ __forceinline__ float2 pair_to_float2(unsigned w) {
+  if constexpr (std::is_same_v<T, half_t>) {
+    __half2 h;
+    memcpy(&h, &w, 4);
+    return __half22float2(h);
+  } else {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  }
+}
+
+template <class Word>
+__device__ __forceinline__ Word load_word(const std::byte* p) {
+  return *reinterpret_cast<const Word*>(p);
+}
+
+// ---- key/value sources ------------------------------------------------------------------
+
+// Quantized pages of policy P (kvq/layout/paged.hpp).
+template <Policy P>
+struct QuantSource {
+  static constexpr Policy kPolicy = P;
+  static constexpr int D = P.head_dim;
+  using Layout = PageLayout<P>;
+  static constexpr int kcb = int(Layout::kKeyCodeBytes), kmb = int(Layout::kKeyMetaBytes);
+  static constexpr int vcb = int(Layout::kValueCodeBytes), vmb = int(Layout::kValueMetaBytes);
+  static constexpr int GK = P.key.group, NK = D / GK;
+  static_assert(kcb % 16 == 0 && vcb % 16 == 0, "kvq: packed rows are whole 16-byte chunks");
+
+  const std::byte* pool;
+  int num_pages;
+  Layout layout;
+
+  __device__ int num_kv_heads() const { return layout.num_kv_heads; }
+  __device__ const std::byte* page(int i) const { return pool + layout.page_bytes() * std::size_t(i); }
+  __device__ const std::byte* k_codes(int pg, int h, int slot) const { return layout.key_codes(page(pg), h, slot); }
+  __device__ const std::byte* k_meta(int pg, int h, int slot) const { return layout.key_meta_bytes(page(pg), h, slot); }
+  __device__ const std::byte* v_codes(int pg, int h, int slot) const { return layout.value_codes(page(pg), h, slot); }
+  __device__ const std::byte* v_meta(int pg, int h, int slot) const { return layout.value_meta_bytes(page(pg), h, slot); }
+
+  // q ← q·R_K; returns q·μ_K (0 without key centering).
+  __device__ float prepare_query(float (&x)[D / 32], int h, const RotationParams& r, float* scratch) const {
+    float shift = 0.f;
+    if constexpr (P.key.centered) {
+      const float* mu = r.key_mean + std::size_t(h) * D + warp::lane_id() * (D / 32);
+      float part = 0.f;
+#pragma unroll
+      for (int k = 0; k < D / 32; ++k) part = fmaf(x[k], mu[k], part);
+      shift = warp::sum(part);
+    }
+    warp::rotate_query<P>(x, h, r, scratch);
+    return shift;
+  }
+
+  __device__ void finish(float (&x)[D / 32], int h, const RotationParams& r, float* scratch) const {
+    warp::untransform_output<P>(x, h, r, scratch);
+  }
+
+  // Logits (log₂ domain) of this lane's token for R rows.
+  //   kc: K codes stage [C][32] uint4; km: this token's K meta; q_s [R][D]; qsum_s [R][NK]
+  template <int R>
+  __device__ __forceinline__ void qk(const std::byte* kc, const std::byte* km, const float* q_s, const float* qsum_s,
+                                     float (&logit)[R]) const {
+    constexpr int bits = P.key.bits, CPW = 32 / bits, WPG = GK / CPW, C = kcb / 16;
+    constexpr unsigned mask = (1u << bits) - 1u;
+    const uint4* chunks = reinterpret_cast<const uint4*>(kc);
+    const auto* meta = reinterpret_cast<const meta_storage_t<P.key.meta>*>(km);
+    const int lane = warp::lane_id();
+    float dot[R];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const uint4 v = chunks[c * 32 + lane];
+      const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int sub = 0; sub < 4; ++sub) {
+        const int W = c * 4 + sub;
+        if (W % WPG == 0) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) dot[r] = 0.f;
+        }
+        float f[CPW];
+#pragma unroll
+        for (int k = 0; k < CPW; ++k) f[k] = code_to_float((words[sub] >> (k * bits)) & mask);
+        const int d0 = W * CPW;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float4* q4 = reinterpret_cast<const float4*>(q_s + r * D + d0);
+          float a = dot[r];
+#pragma unroll
+          for (int k4 = 0; k4 < CPW / 4; ++k4) {
+            const float4 q = q4[k4];
+            a = fmaf(q.x, f[4 * k4 + 0], a);
+            a = fmaf(q.y, f[4 * k4 + 1], a);
+            a = fmaf(q.z, f[4 * k4 + 2], a);
+            a = fmaf(q.w, f[4 * k4 + 3], a);
+          }
+          dot[r] = a;
+        }
+        if (W % WPG == WPG - 1) {
+          const int g = W / WPG;
+          const float s = meta_fast<P.key.meta>(meta[2 * g]), lo = meta_fast<P.key.meta>(meta[2 * g + 1]);
+#pragma unroll
+          for (int r = 0; r < R; ++r) logit[r] = fmaf(s, dot[r], fmaf(lo, qsum_s[r * NK + g], logit[r]));
+        }
+      }
+    }
+  }
+
+  // acc[r][k] += p[r]·ŵ[d0 + k] for one token; vrow/vmeta: the token's staged V row/meta.
+  template <int R, int VD>
+  __device__ __forceinline__ void pv(const std::byte* vrow, const std::byte* vmeta, int d0, const float* p,
+                                     float (&acc)[R][VD]) const {
+    constexpr int bits = P.value.bits, NB = VD * bits / 8;
+    using Word = std::conditional_t<NB == 1, std::uint8_t,
+                 std::conditional_t<NB == 2, std::uint16_t, std::conditional_t<NB == 4, std::uint32_t, std::uint64_t>>>;
+    const Word w = load_word<Word>(vrow + d0 * bits / 8);
+    const auto* meta = reinterpret_cast<const meta_storage_t<P.value.meta>*>(vmeta);
+    const int g = d0 / P.value.group;
+    const float s = meta_fast<P.value.meta>(meta[2 * g]), lo = meta_fast<P.value.meta>(meta[2 * g + 1]);
+    float v[VD];
+#pragma unroll
+    for (int k = 0; k < VD; ++k)
+      v[k] = fmaf(s, code_to_float(static_cast<unsigned>((w >> (k * bits)) & ((1u << bits) - 1u))), lo);
+    float pr[R];
+#pragma unroll
+    for (int r4 = 0; r4 < R / 4; ++r4) {
+      const float4 q = reinterpret_cast<const float4*>(p)[r4];
+      pr[4 * r4] = q.x, pr[4 * r4 + 1] = q.y, pr[4 * r4 + 2] = q.z, pr[4 * r4 + 3] = q.w;
+    }
+    if (isfinite(s) && isfinite(lo)) {
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int k = 0; k < VD; ++k) acc[r][k] = fmaf(pr[r], v[k], acc[r][k]);
+    } else {  // a NaN group reaches exactly the rows that give it weight (as on the host)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int k = 0; k < VD; ++k)
+          if (pr[r] != 0.f) acc[r][k] += pr[r] * v[k];
+    }
+  }
+};
+
+// Full-precision pages (DensePageLayout<T, D> of kvq/attention/dense.hpp).
+template <ActivationType T, int HeadDim>
+struct DenseSource {
+  static constexpr int D = HeadDim;
+  using Layout = DensePageLayout<T, D>;
+  static constexpr int kcb = D * int(sizeof(T)), kmb = 0, vcb = D * int(sizeof(T)), vmb = 0;
+  static constexpr int GK = D, NK = 1;
+
+  const std::byte* pool;
+  int num_pages;
+  Layout layout;
+
+  __device__ int num_kv_heads() const { return layout.num_kv_heads; }
+  __device__ const std::byte* page(int i) const { return pool + layout.page_bytes() * std::size_t(i); }
+  __device__ const std::byte* k_codes(int pg, int h, int slot) const {
+    return reinterpret_cast<const std::byte*>(layout.key_row(page(pg), h, slot));
+  }
+  __device__ const std::byte* k_meta(int, int, int) const { return nullptr; }
+  __device__ const std::byte* v_codes(int pg, int h, int slot) const {
+    return reinterpret_cast<const std::byte*>(layout.value_row(page(pg), h, slot));
+  }
+  __device__ const std::byte* v_meta(int, int, int) const { return nullptr; }
+
+  __device__ float prepare_query(float (&)[D / 32], int, const RotationParams&, float*) const { return 0.f; }
+  __device__ void finish(float (&)[D / 32], int, const RotationParams&, float*) const {}
+
+  template <int R>
+  __device__ __forceinline__ void qk(const std::byte* kc, const std::byte*, const float* q_s, const float*,
+                                     float (&logit)[R]) const {
+    constexpr int EPC = 16 / int(sizeof(T)), C = kcb / 16;
+    const uint4* chunks = reinterpret_cast<const uint4*>(kc);
+    const int lane = warp::lane_id();
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const uint4 v = chunks[c * 32 + lane];
+      float f[EPC];
+      if constexpr (sizeof(T) == 2) {
+        const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 t = pair_to_float2<T>(words[k]);
+          f[2 * k] = t.x, f[2 * k + 1] = t.y;
+        }
+      } else {
+        f[0] = __uint_as_float(v.x), f[1] = __uint_as_float(v.y), f[2] = __uint_as_float(v.z), f[3] = __uint_as_float(v.w);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float4* q4 = reinterpret_cast<const float4*>(q_s + r * D + c * EPC);
+        float a = logit[r];
+#pragma unroll
+        for (int k4 = 0; k4 < EPC / 4; ++k4) {
+          const float4 q = q4[k4];
+          a = fmaf(q.x, f[4 * k4 + 0], a);
+          a = fmaf(q.y, f[4 * k4 + 1], a);
+          a = fmaf(q.z, f[4 * k4 + 2], a);
+          a = fmaf(q.w, f[4 * k4 + 3], a);
+        }
+        logit[r] = a;
+      }
+    }
+  }
+
+  template <int R, int VD>
+  __device__ __forceinline__ void pv(const std::byte* vrow, const std::byte*, int d0, const float* p,
+                                     float (&acc)[R][VD]) const {
+    float v[VD];
+    if constexpr (sizeof(T) == 2) {
+      const unsigned* w = reinterpret_cast<const unsigned*>(vrow + d0 * 2);
+#pragma unroll
+      for (int k = 0; k < VD / 2; ++k) {
+        const float2 t = pair_to_float2<T>(w[k]);
+        v[2 * k] = t.x, v[2 * k + 1] = t.y;
+      }
+    } else {
+      const float* w = reinterpret_cast<const float*>(vrow + d0 * 4);
+#pragma unroll
+      for (int k = 0; k < VD; ++k) v[k] = w[k];
+    }
+    float pr[R];
+#pragma unroll
+    for (int r4 = 0; r4 < R / 4; ++r4) {
+      const float4 q = reinterpret_cast<const float4*>(p)[r4];
+      pr[4 * r4] = q.x, pr[4 * r4 + 1] = q.y, pr[4 * r4 + 2] = q.z, pr[4 * r4 + 3] = q.w;
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int k = 0; k < VD; ++k) acc[r][k] = fmaf(pr[r], v[k], acc[r][k]);
+  }
+};
+
+// ---- the kernel ---------------------------------------------------------------------------
+
+template <class Src, ActivationType QT, ActivationType OT>
+struct DecodeKernelParams {
+  using source_type = Src;
+  using query_type = QT;
+  using output_type = OT;
+  Src src;
+  PageTableView table;
+  DecodeParams<QT, OT> p;
+  RotationParams rotation;
+  int num_splits;
+  int row_tiles;
+  int total_q;
+  float tau;             // softmax scale τ
+  float* partial_o;      // [S][total_q][Hq][D] when num_splits > 1
+  float* partial_lse;    // [S][total_q][Hq]
+  unsigned* error_flags;
+};
+
+template <class Src, int R>
+struct DecodeConfig {
+  static constexpr int D = Src::D;
+  static constexpr int NW = decode_warps(std::size_t(Src::kcb + Src::kmb + Src::vcb + Src::vmb));
+  static constexpr int VD = value_dims_per_lane(D, R);
+  static constexpr int LPTV = D / VD;  // lanes per token in the p·v phase
+  static constexpr int U = 32 / LPTV;  // tokens in flight per warp in the p·v phase
+  static constexpr DecodeSmem smem{std::size_t(Src::kcb), std::size_t(Src::kmb), std::size_t(Src::vcb),
+                                   std::size_t(Src::vmb), D, R, Src::NK, NW};
+  static_assert(R % 4 == 0 && R <= max_rows_per_cta(D), "kvq: unsupported rows per CTA");
+  static_assert(LPTV <= 32 && 32 % LPTV == 0, "kvq: value lanes must tile the warp");
+};
+
+// Copies the RowBytes-byte rows of the tile's n tokens into shared memory. Lane t's
+// (page, slot) is broadcast by shuffle; page < 0 marks a token that is skipped.
+// Transposed: 16-byte chunk c of token t lands at [c][t]; otherwise rows are token-major.
+template <int RowBytes, bool Transposed, class Addr>
+__device__ __forceinline__ void stage_rows(std::byte* dst, int n, int my_page, int my_slot, Addr&& addr) {
+  if constexpr (RowBytes > 0) {
+    constexpr int Chunk = Transposed ? 16 : (RowBytes % 16 == 0 ? 16 : (RowBytes % 8 == 0 ? 8 : 4));
+    static_assert(RowBytes % Chunk == 0, "kvq: staged rows must be whole chunks");
+    constexpr int CPT = RowBytes / Chunk;
+    const int lane = warp::lane_id();
+    for (int base = 0; base < n * CPT; base += 32) {
+      const int idx = base + lane;
+      const int t = idx / CPT < 31 ? idx / CPT : 31;
+      const int pg = __shfl_sync(KVQ_FULL_MASK, my_page, t);
+      const int sl = __shfl_sync(KVQ_FULL_MASK, my_slot, t);
+      if (idx < n * CPT && pg >= 0) {
+        const int c = idx % CPT;
+        std::byte* d = Transposed ? dst + (std::size_t(c) * 32 + t) * 16 : dst + std::size_t(t) * RowBytes + c * Chunk;
+        warp::copy_async<Chunk>(d, addr(pg, sl) + c * Chunk);
+      }
+    }
+  }
+}
+
+extern __shared__ uint4 kvq_decode_smem[];
+
+// KP = DecodeKernelParams<Src, QT, OT> (a type parameter: see rows.cuh on nvcc stubs).
+template <class KP, int R>
+__global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW * 32) decode_kernel(KP a) {
+  using Src = typename KP::source_type;
+  using Cfg = DecodeConfig<Src, R>;
+  constexpr int D = Src::D, E = D / 32, NW = Cfg::NW, VD = Cfg::VD, LPTV = Cfg::LPTV, U = Cfg::U, NK = Src::NK;
+  constexpr DecodeSmem S = Cfg::smem;
+  std::byte* smem = reinterpret_cast<std::byte*>(kvq_decode_smem);
+  float* q_s = reinterpret_cast<float*>(smem + S.q_off());
+  float* qsum_s = reinterpret_cast<float*>(smem + S.qsum_off());
+  float* shift_s = reinterpret_cast<float*>(smem + S.shift_off());
+  int* limit_s = reinterpret_cast<int*>(smem + S.limit_off());
+
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int hq = a.p.num_qo_heads, group = hq / a.src.num_kv_heads();
+  const int b = blockIdx.x / a.row_tiles, tile = blockIdx.x % a.row_tiles;
+  const int h = blockIdx.y, split = blockIdx.z;
+  const int q0 = a.p.q_indptr[b], nq = a.p.q_indptr[b + 1] - q0;
+  const int rows_total = nq * group, r0 = tile * R;
+  if (r0 >= rows_total) return;  // CTA-uniform: this tile has no rows
+  const int rows = rows_total - r0 < R ? rows_total - r0 : R;
+  const int len = a.table.seq_len(b);
+  const int offset = a.p.causal_offset ? a.p.causal_offset[b] : len - nq;
+
+  // 1. Query rows: q' = q·R_K·τ·log₂e, Σq' per key group, τ·q·μ_K, causal limit.
+  for (int rr = w; rr < R; rr += NW) {
+    float* qrow = q_s + rr * D;
+    if (rr < rows) {
+      const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
+      float x[E];
+      warp::load_row<D>(a.p.q + (std::size_t(q0 + i) * hq + j) * D, x);
+      const float shift = a.src.prepare_query(x, h, a.rotation, qrow);
+      const float scale = a.tau * kLog2e;
+      float part = 0.f;
+#pragma unroll
+      for (int k = 0; k < E; ++k) {
+        x[k] *= scale;
+        qrow[lane * E + k] = x[k];
+        part += x[k];
+      }
+      constexpr int LPG = Src::GK / E;  // lanes per key group
+#pragma unroll
+      for (int off = 1; off < LPG; off <<= 1) part += __shfl_xor_sync(KVQ_FULL_MASK, part, off);
+      if (lane % LPG == 0) qsum_s[rr * NK + lane / LPG] = part;
+      if (lane == 0) {
+        shift_s[rr] = a.tau * shift;
+        const long long lim = static_cast<long long>(i) + offset;
+        limit_s[rr] = lim < 0 ? -1 : static_cast<int>(lim < len - 1 ? lim : len - 1);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < E; ++k) qrow[lane * E + k] = 0.f;
+      for (int g = lane; g < NK; g += 32) qsum_s[rr * NK + g] = 0.f;
+      if (lane == 0) {
+        shift_s[rr] = 0.f;
+        limit_s[rr] = -1;
+      }
+    }
+  }
+  __syncthreads();
+
+  // 2. This split's tokens, cut at the last key any row may see.
+  int max_limit = -1;
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) max_limit = limit_s[rr] > max_limit ? limit_s[rr] : max_limit;
+  const int tb = split_begin(len, a.num_splits, split);
+  int te = split_end(len, a.num_splits, split);
+  te = te < max_limit + 1 ? te : max_limit + 1;
+
+  float m[R], l[R], acc[R][VD];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    m[r] = neg_inf_f();
+    l[r] = 0.f;
+#pragma unroll
+    for (int k = 0; k < VD; ++k) acc[r][k] = 0.f;
+  }
+  std::byte* stage_buf[2] = {smem + S.stage_off(w, 0), smem + S.stage_off(w, 1)};
+  float* p_s = reinterpret_cast<float*>(smem + S.p_off(w));
+  const int u = lane / LPTV, d0 = (lane % LPTV) * VD;
+  const int page_base = a.table.indptr[b];
+  const int page_size = a.table.page_size;
+
+  // Issues the copies of tile [t0, t0 + 32) into `st`; returns the mask of loadable tokens.
+  auto issue = [&](int t0, std::byte* st) -> unsigned {
+    const int n = te - t0 < 32 ? te - t0 : 32;
+    int my_page = -1, my_slot = 0;
+    if (lane < n) {
+      const int t = t0 + lane;
+      const int pg = a.table.indices[page_base + t / page_size];
+      if (pg >= 0 && pg < a.src.num_pages) {
+        my_page = pg;
+        my_slot = t % page_size;
+      } else if (a.error_flags) {
+        atomicOr(a.error_flags, static_cast<unsigned>(kBadPage));
+      }
+    }
+    stage_rows<Src::kcb, true>(st + S.kc_off(), n, my_page, my_slot,
+                               [&](int pg, int sl) { return a.src.k_codes(pg, h, sl); });
+    stage_rows<Src::kmb, false>(st + S.km_off(), n, my_page, my_slot,
+                                [&](int pg, int sl) { return a.src.k_meta(pg, h, sl); });
+    stage_rows<Src::vcb, false>(st + S.vc_off(), n, my_page, my_slot,
+                                [&](int pg, int sl) { return a.src.v_codes(pg, h, sl); });
+    stage_rows<Src::vmb, false>(st + S.vm_off(), n, my_page, my_slot,
+                                [&](int pg, int sl) { return a.src.v_meta(pg, h, sl); });
+    return __ballot_sync(KVQ_FULL_MASK, my_page >= 0);
+  };
+
+  int t0 = tb + 32 * w;
+  unsigned valid_cur = t0 < te ? issue(t0, stage_buf[0]) : 0u;
+  warp::copy_commit();
+  int cur = 0;
+  for (; t0 < te; t0 += 32 * NW) {
+    const int tn = t0 + 32 * NW;
+    const unsigned valid_next = tn < te ? issue(tn, stage_buf[cur ^ 1]) : 0u;
+    warp::copy_commit();
+    warp::copy_wait<1>();
+    __syncwarp();
+    const std::byte* st = stage_buf[cur];
+    const int n = te - t0 < 32 ? te - t0 : 32;
+
+    // q·k: lane = token t0 + lane.
+    float logit[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) logit[r] = 0.f;
+    a.src.template qk<R>(st + S.kc_off(), st + S.km_off() + lane * Src::kmb, q_s, qsum_s, logit);
+    const bool loaded = (valid_cur >> lane) & 1u;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (!loaded || t0 + lane > limit_s[r]) logit[r] = neg_inf_f();
+
+    // Online softmax (log₂ domain); p goes to shared memory for the p·v lanes.
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float m_new = fmaxf(m[r], warp::max(logit[r]));
+      float corr = 1.f, p = 0.f;
+      if (m_new != neg_inf_f()) {
+        corr = exp2f(m[r] - m_new);
+        p = exp2f(logit[r] - m_new);
+      }
+      m[r] = m_new;
+      l[r] = fmaf(l[r], corr, p);
+      p_s[lane * R + r] = p;
+#pragma unroll
+      for (int k = 0; k < VD; ++k) acc[r][k] *= corr;
+    }
+    __syncwarp();
+
+    // p·v: lane (u, slice) takes tokens u, u + U, …
+    for (int tt = u; tt < n; tt += U) {
+      if (!((valid_cur >> tt) & 1u)) continue;
+      a.src.template pv<R, VD>(st + S.vc_off() + std::size_t(tt) * Src::vcb, st + S.vm_off() + std::size_t(tt) * Src::vmb,
+                               d0, p_s + tt * R, acc);
+    }
+    __syncwarp();
+    cur ^= 1;
+    valid_cur = valid_next;
+  }
+  warp::copy_wait<0>();
+
+  // 3. Merge the lanes, then the warps.
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    l[r] = warp::sum(l[r]);
+#pragma unroll
+    for (int k = 0; k < VD; ++k)
+#pragma unroll
+      for (int off = LPTV; off < 32; off <<= 1) acc[r][k] += __shfl_xor_sync(KVQ_FULL_MASK, acc[r][k], off);
+  }
+  __syncthreads();  // staging buffers are free from here on
+  float* acc_m = reinterpret_cast<float*>(smem);  // [NW][R][D]
+  float* m_m = acc_m + NW * R * D;                 // [NW][R]
+  float* l_m = m_m + NW * R;                       // [NW][R]
+  if (u == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int k = 0; k < VD; ++k) acc_m[(w * R + r) * D + d0 + k] = acc[r][k];
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      m_m[w * R + r] = m[r];
+      l_m[w * R + r] = l[r];
+    }
+  }
+  __syncthreads();
+
+  // 4. Normalize and write (final output, or this split's partial state).
+  for (int rr = w; rr < rows; rr += NW) {
+    float M = neg_inf_f();
+    for (int ww = 0; ww < NW; ++ww) M = fmaxf(M, m_m[ww * R + rr]);
+    float L = 0.f, x[E];
+#pragma unroll
+    for (int k = 0; k < E; ++k) x[k] = 0.f;
+    for (int ww = 0; ww < NW; ++ww) {
+      const float mw = m_m[ww * R + rr];
+      if (mw == neg_inf_f()) continue;
+      const float sc = exp2f(mw - M);
+      L = fmaf(sc, l_m[ww * R + rr], L);
+#pragma unroll
+      for (int k = 0; k < E; ++k) x[k] = fmaf(sc, acc_m[(ww * R + rr) * D + lane * E + k], x[k]);
+    }
+    const bool empty = M == neg_inf_f() || L == 0.f;
+    const float inv_l = empty ? 0.f : 1.f / L;
+#pragma unroll
+    for (int k = 0; k < E; ++k) x[k] *= inv_l;
+    const float lse = empty ? neg_inf_f() : (M + log2f(L)) * kLn2 + shift_s[rr];
+    const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
+    const std::size_t orow = std::size_t(q0 + i) * hq + j;
+    if (a.num_splits == 1) {
+      if (!empty && !a.p.rotated_output) a.src.finish(x, h, a.rotation, q_s + rr * D);
+      warp::store_row<D>(a.p.out + orow * D, x);
+      if (lane == 0 && a.p.lse) a.p.lse[orow] = lse;
+    } else {
+      const std::size_t prow = std::size_t(split) * a.total_q * hq + orow;
+#pragma unroll
+      for (int k = 0; k < E; ++k) a.partial_o[prow * D + lane * E + k] = x[k];
+      if (lane == 0) a.partial_lse[prow] = lse;
+    }
+  }
+}
+
+// Joins the split partials of every (query row, query head): one warp each.
+template <class KP>
+__global__ void __launch_bounds__(128) split_merge_kernel(KP a) {
+  using Src = typename KP::source_type;
+  constexpr int D = Src::D, E = D / 32;
+  __shared__ float scratch[4][D];
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int hq = a.p.num_qo_heads;
+  const std::size_t rows = std::size_t(a.total_q) * hq;
+  const std::size_t item = std::size_t(blockIdx.x) * 4 + w;
+  if (item >= rows) return;
+  const int h = static_cast<int>(item % hq) / (hq / a.src.num_kv_heads());
+  float M = neg_inf_f();
+  for (int s = lane; s < a.num_splits; s += 32) M = fmaxf(M, a.partial_lse[s * rows + item]);
+  M = warp::max(M);
+  float x[E];
+#pragma unroll
+  for (int k = 0; k < E; ++k) x[k] = 0.f;
+  float L = 0.f;
+  if (M != neg_inf_f()) {
+    for (int s = 0; s < a.num_splits; ++s) {
+      const float ls = a.partial_lse[s * rows + item];
+      if (ls == neg_inf_f()) continue;
+      const float wgt = expf(ls - M);
+      L += wgt;
+      const float* o = a.partial_o + (s * rows + item) * D + lane * E;
+#pragma unroll
+      for (int k = 0; k < E; ++k) x[k] = fmaf(wgt, o[k], x[k]);
+    }
+  }
+  const bool empty = M == neg_inf_f() || L == 0.f;
+  const float inv_l = empty ? 0.f : 1.f / L;
+#pragma unroll
+  for (int k = 0; k < E; ++k) x[k] *= inv_l;
+  if (!empty && !a.p.rotated_output) a.src.finish(x, h, a.rotation, scratch[w]);
+  warp::store_row<D>(a.p.out + item * D, x);
+  if (lane == 0 && a.p.lse) a.p.lse[item] = empty ? neg_inf_f() : M + logf(L);
+}
+
+}  // namespace kvq::cuda::kernel

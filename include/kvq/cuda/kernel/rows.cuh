@@ -1,0 +1,178 @@
+// kvq/cuda/kernel/rows.cuh — row-wise kernels: fused quantize-append, dequantize and
+// standalone rotation. One warp per (token, KV head) or (row, head) item.
+//
+// Bit-exactness: rows are converted with kvq::to_float, transformed by the warp
+// functions of kvq/cuda/warp/rotate.cuh (same operations and order as the host), and
+// quantized by kvq::quantize_group — the host-and-device function the CPU reference
+// runs — one lane per group, so codes and metadata equal kvq::append_kv's bit for bit.
+#pragma once
+
+#include <cstddef>
+
+#include "kvq/attention/softmax.hpp"
+#include "kvq/core/quantizer.hpp"
+#include "kvq/cuda/config.cuh"
+#include "kvq/cuda/launch/api.hpp"
+#include "kvq/cuda/launch/plan.hpp"
+#include "kvq/cuda/warp/rotate.cuh"
+#include "kvq/layout/paged.hpp"
+
+namespace kvq::cuda::kernel {
+
+// Page and slot of (b, pos) with every index checked; 0 and an error bit otherwise.
+struct SlotRef {
+  int page = -1;
+  int slot = 0;
+  unsigned error = 0;
+};
+
+__device__ __forceinline__ SlotRef locate(const PageTableView& t, int num_pages, int b, int pos) {
+  SlotRef r;
+  if (b < 0 || b >= t.batch_size) {
+    r.error = kBadBatchIndex;
+  } else if (pos < 0 || pos >= t.seq_len(b)) {
+    r.error = kBadPosition;
+  } else {
+    r.page = t.page_of(b, pos);
+    r.slot = pos % t.page_size;
+    if (r.page < 0 || r.page >= num_pages) r.error = kBadPage;
+  }
+  return r;
+}
+
+__device__ __forceinline__ void report(unsigned* flags, unsigned bits) {
+  if (flags && bits && warp::lane_id() == 0) atomicOr(flags, bits);
+}
+
+// Quantizes the [D] fp32 shared row into one packed row + metadata, one lane per group.
+template <QuantSpec S, int D>
+__device__ __forceinline__ void quantize_row_warp(const float* row, std::byte* codes, std::byte* meta) {
+  constexpr int G = S.group, NG = D / S.group;
+  auto* m = reinterpret_cast<meta_storage_t<S.meta>*>(meta);
+  auto* c = reinterpret_cast<std::uint8_t*>(codes);
+  for (int g = warp::lane_id(); g < NG; g += 32) quantize_group<S>(row + g * G, c + g * (G * S.bits / 8), m + 2 * g);
+  __syncwarp();
+}
+
+// Templated on the argument type, not on the Policy value: nvcc cannot spell a
+// class-type non-type template argument in its host stubs.
+template <class Args>
+__global__ void __launch_bounds__(kRowWarpsPerBlock * 32) append_kernel(Args a) {
+  constexpr Policy P = Args::kPolicy;
+  using T = typename Args::value_type;
+  constexpr int D = P.head_dim, E = D / 32;
+  __shared__ float smem[kRowWarpsPerBlock][2][D];
+  const int w = threadIdx.x / 32;
+  const int hkv = a.cache.layout.num_kv_heads;
+  const long long item = static_cast<long long>(blockIdx.x) * kRowWarpsPerBlock + w;
+  if (item >= static_cast<long long>(a.num_tokens) * hkv) return;
+  const int i = static_cast<int>(item / hkv), h = static_cast<int>(item % hkv);
+  const SlotRef at = locate(a.table, a.cache.num_pages, a.batch_indices[i], a.positions[i]);
+  if (at.error) {
+    report(a.error_flags, at.error);
+    return;
+  }
+  std::byte* page = a.cache.page(at.page);
+  const auto& L = a.cache.layout;
+  float* row = smem[w][0];
+  float* scratch = smem[w][1];
+  const std::size_t off = (std::size_t(i) * hkv + h) * D;
+  float x[E];
+
+  warp::load_row<D>(a.keys + off, x);
+  warp::transform_key<P>(x, h, a.rotation, scratch);
+  warp::to_shared<D>(row, x);
+  quantize_row_warp<P.key, D>(row, L.key_codes(page, h, at.slot), L.key_meta_bytes(page, h, at.slot));
+
+  warp::load_row<D>(a.values + off, x);
+  warp::transform_value<P>(x, h, a.rotation, scratch);
+  warp::to_shared<D>(row, x);
+  quantize_row_warp<P.value, D>(row, L.value_codes(page, h, at.slot), L.value_meta_bytes(page, h, at.slot));
+}
+
+// x (fragment) ← dequantized packed row, exactly kvq::dequantize_row's values.
+template <QuantSpec S, int D>
+__device__ __forceinline__ void dequantize_fragment(const std::byte* codes, const std::byte* meta,
+                                                    float (&x)[D / 32]) {
+  using Meta = MetaTraits<S.meta>;
+  constexpr int E = D / 32;
+  const auto* m = reinterpret_cast<const meta_storage_t<S.meta>*>(meta);
+  const auto* c = reinterpret_cast<const std::uint8_t*>(codes);
+  const int d0 = warp::lane_id() * E;
+  const int g = d0 / S.group;  // E ≤ 8 < group: a lane never straddles two groups
+  const float s = Meta::decode(m[2 * g]), lo = Meta::decode(m[2 * g + 1]);
+#pragma unroll
+  for (int k = 0; k < E; ++k) x[k] = dequantize_value(unpack_code<S.bits>(c, d0 + k), s, lo);
+}
+
+template <class Args>
+__global__ void __launch_bounds__(kRowWarpsPerBlock * 32) dequantize_kernel(Args a) {
+  constexpr Policy P = Args::kPolicy;
+  using T = typename Args::value_type;
+  constexpr int D = P.head_dim, E = D / 32;
+  __shared__ float smem[kRowWarpsPerBlock][D];
+  const int w = threadIdx.x / 32;
+  const int hkv = a.cache.layout.num_kv_heads;
+  const long long item = static_cast<long long>(blockIdx.x) * kRowWarpsPerBlock + w;
+  if (item >= static_cast<long long>(a.num_tokens) * hkv) return;
+  const int i = static_cast<int>(item / hkv), h = static_cast<int>(item % hkv);
+  const std::size_t off = (std::size_t(i) * hkv + h) * D;
+  const SlotRef at = locate(a.table, a.cache.num_pages, a.batch_indices[i], a.positions[i]);
+  float x[E];
+  if (at.error) {  // the row is still written (NaN), so callers never read garbage
+    report(a.error_flags, at.error);
+#pragma unroll
+    for (int k = 0; k < E; ++k) x[k] = bits_float(0x7fc00000u);
+    warp::store_row<D>(a.keys + off, x);
+    warp::store_row<D>(a.values + off, x);
+    return;
+  }
+  const std::byte* page = a.cache.page(at.page);
+  const auto& L = a.cache.layout;
+  dequantize_fragment<P.key, D>(L.key_codes(page, h, at.slot), L.key_meta_bytes(page, h, at.slot), x);
+  warp::untransform_key<P>(x, h, a.rotation, smem[w]);
+  warp::store_row<D>(a.keys + off, x);
+  dequantize_fragment<P.value, D>(L.value_codes(page, h, at.slot), L.value_meta_bytes(page, h, at.slot), x);
+  warp::untransform_output<P>(x, h, a.rotation, smem[w]);
+  warp::store_row<D>(a.values + off, x);
+}
+
+template <class Args>
+__global__ void __launch_bounds__(kRowWarpsPerBlock * 32) rotate_kernel(Args a) {
+  constexpr Policy P = Args::kPolicy;
+  using T = typename Args::value_type;
+  constexpr int D = P.head_dim, E = D / 32;
+  __shared__ float smem[kRowWarpsPerBlock][D];
+  const int w = threadIdx.x / 32;
+  const long long item = static_cast<long long>(blockIdx.x) * kRowWarpsPerBlock + w;
+  if (item >= static_cast<long long>(a.num_rows) * a.num_heads) return;
+  const int head = static_cast<int>(item % a.num_heads);
+  const int h = head / a.heads_per_kv_head;
+  const std::size_t off = std::size_t(item) * D;
+  float x[E];
+  warp::load_row<D>(a.in + off, x);
+  switch (a.op) {
+    case RotateOp::key: warp::transform_key<P>(x, h, a.rotation, smem[w]); break;
+    case RotateOp::value: warp::transform_value<P>(x, h, a.rotation, smem[w]); break;
+    case RotateOp::query: warp::rotate_query<P>(x, h, a.rotation, smem[w]); break;
+    case RotateOp::output: warp::untransform_output<P>(x, h, a.rotation, smem[w]); break;
+  }
+  warp::store_row<D>(a.out + off, x);
+}
+
+// merge_states over rows of `dim` elements: one warp per row.
+template <ActivationType T>
+__global__ void __launch_bounds__(kRowWarpsPerBlock * 32)
+    merge_states_kernel(const T* o1, const float* lse1, const T* o2, const float* lse2, int rows, int dim, T* out,
+                        float* lse_out) {
+  const long long row = static_cast<long long>(blockIdx.x) * kRowWarpsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  float w1, w2;
+  const float lse = merge_weights(lse1[row], lse2[row], w1, w2);
+  const std::size_t base = std::size_t(row) * dim;
+  for (int d = warp::lane_id(); d < dim; d += 32)
+    out[base + d] = from_float<T>(w1 * to_float(o1[base + d]) + w2 * to_float(o2[base + d]));
+  if (warp::lane_id() == 0) lse_out[row] = lse;
+}
+
+}  // namespace kvq::cuda::kernel

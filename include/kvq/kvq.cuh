@@ -1,0 +1,16 @@
+// kvq/kvq.cuh — umbrella header for the CUDA side (needs nvcc). Includes the host
+// umbrella, the kernels and the launcher definitions. Engines that only call
+// instantiated launchers include kvq/cuda/launch/api.hpp instead.
+#pragma once
+
+#include "kvq/kvq.hpp"
+#include "kvq/cuda/config.cuh"
+#include "kvq/cuda/instantiate.cuh"
+#include "kvq/cuda/kernel/decode.cuh"
+#include "kvq/cuda/kernel/rows.cuh"
+#include "kvq/cuda/launch/api.hpp"
+#include "kvq/cuda/launch/launch.cuh"
+#include "kvq/cuda/launch/plan.hpp"
+#include "kvq/cuda/warp/copy.cuh"
+#include "kvq/cuda/warp/reduce.cuh"
+#include "kvq/cuda/warp/rotate.cuh"
