@@ -13,17 +13,20 @@ constexpr kvq::Policy kPolicy = kvq::presets::K2V2_R.with_head_dim(64);
 
 std::vector<LayerActivations> layers() {
   std::vector<LayerActivations> v;
-  for (int l = 0; l < 2; ++l) v.push_back(synth::synthetic_layer(l, 4, 112, 2, 2, 64, 48, 100 + l));
+  for (int l = 0; l < 2; ++l) v.push_back(synth::synthetic_layer(l, 8, 128, 2, 2, 64, 48, 100 + l));
   return v;
 }
 
 OptRConfig small_config(BaseKind base) {
   OptRConfig c;
+  // Small windows so that short synthetic sequences have quantized tokens; a lower
+  // lr than the default 0.02 because 6 training sequences overfit quickly.
   c.prefix = 8;
-  c.recent = 16;
-  c.qwin = 16;
+  c.recent = 32;
+  c.qwin = 32;
   c.steps = 40;
   c.eval_every = 10;
+  c.lr = 0.005;
   c.base = base;
   return c;
 }

@@ -510,6 +510,7 @@ inline std::vector<LayerResult> calibrate(const std::vector<LayerActivations>& l
                   "calib: layer " + std::to_string(layers[l].layer) + " has head_dim " +
                       std::to_string(layers[l].head_dim) + " but the policy has " +
                       std::to_string(policy.head_dim));
+    (void)heldout_count(layers[l].n_seq(), cfg);  // fail before any work starts
     out[l].layer = layers[l].layer;
     out[l].heads.resize(layers[l].hkv);
     for (int h = 0; h < layers[l].hkv; ++h) jobs.emplace_back(static_cast<int>(l), h);
