@@ -1,0 +1,22 @@
+# Defines the INTERFACE target kvq_smollm2 (model, tokenizer and io headers plus their
+# dependencies) and sets KVQ_SMOLLM2_OK. Included by examples/smollm2 and tests/model,
+# whichever is configured first.
+if(TARGET kvq_smollm2)
+  set(KVQ_SMOLLM2_OK ON)
+  return()
+endif()
+set(KVQ_SMOLLM2_OK OFF)
+find_package(Eigen3 3.4 CONFIG QUIET)
+find_package(nlohmann_json 3.2 QUIET)
+find_package(PkgConfig QUIET)
+if(PkgConfig_FOUND)
+  pkg_check_modules(PCRE2 QUIET IMPORTED_TARGET GLOBAL libpcre2-8)
+endif()
+if(NOT (Eigen3_FOUND AND nlohmann_json_FOUND AND PCRE2_FOUND))
+  message(STATUS "kvq: SmolLM2 integration skipped (needs Eigen3 3.4, nlohmann_json, libpcre2-8)")
+  return()
+endif()
+add_library(kvq_smollm2 INTERFACE)
+target_include_directories(kvq_smollm2 INTERFACE ${CMAKE_CURRENT_LIST_DIR})
+target_link_libraries(kvq_smollm2 INTERFACE kvq::kvq Eigen3::Eigen nlohmann_json::nlohmann_json PkgConfig::PCRE2)
+set(KVQ_SMOLLM2_OK ON)
