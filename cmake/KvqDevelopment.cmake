@@ -24,3 +24,10 @@ function(kvq_add_test name)
   target_compile_definitions(${name} PRIVATE KVQ_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data")
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES LABELS "${ARG_LABELS}")
 endfunction()
+
+# kvq_add_core_test(<name> <src>...): a test that uses tests/common (nlohmann-json).
+function(kvq_add_core_test name)
+  find_package(nlohmann_json 3 REQUIRED)
+  kvq_add_test(${name} SOURCES ${ARGN} LIBS nlohmann_json::nlohmann_json)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+endfunction()

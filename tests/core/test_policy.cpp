@@ -1,0 +1,53 @@
+#include <gtest/gtest.h>
+
+#include "kvq/core/policy.hpp"
+
+namespace {
+
+using namespace kvq;
+
+TEST(Policy, BitsPerElementIncludeMetadata) {
+  // DESIGN §5 examples at d = 128 with fp16 scale and min.
+  EXPECT_DOUBLE_EQ((QuantSpec{2, 128}).bits_per_element(), 2.25);
+  EXPECT_DOUBLE_EQ((QuantSpec{4, 32}).bits_per_element(), 5.0);
+  EXPECT_DOUBLE_EQ(presets::K4V2.bits_per_element(), (5.0 + 2.25) / 2);
+  EXPECT_DOUBLE_EQ(presets::K2V2.compression_vs_bf16(), 16.0 / ((3.0 + 2.25) / 2));
+  EXPECT_DOUBLE_EQ((QuantSpec{8, 32, Rotation::none, false, 1000, MetaType::fp32}).bits_per_element(), 10.0);
+}
+
+TEST(Policy, PresetsAreValidAtEveryHeadDim) {
+  for (const auto& p : presets::all)
+    for (int d : {64, 128, 256}) EXPECT_TRUE(is_valid_policy(p.policy.with_head_dim(d))) << p.name << " d=" << d;
+  EXPECT_EQ(presets::K2V2.with_head_dim(64).value.group, 64);  // capped to head_dim
+  EXPECT_EQ(presets::K2V2.with_head_dim(256).value.group, 128);
+}
+
+TEST(Policy, RunTimeValidationRejectsWhatCompileTimeRejects) {
+  Policy p = presets::K4V2;
+  p.key.bits = 3;
+  EXPECT_FALSE(is_valid_policy(p));
+  p = presets::K4V2;
+  p.value.group = 48;
+  EXPECT_FALSE(is_valid_policy(p));
+  p = presets::K4V2;
+  p.head_dim = 96;
+  EXPECT_FALSE(is_valid_policy(p));
+  p = presets::K4V2;
+  p.key.sign_seed = 7;  // signs without Hadamard
+  EXPECT_FALSE(is_valid_policy(p));
+  p.key.rotation = Rotation::hadamard;
+  EXPECT_TRUE(is_valid_policy(p));
+  static_assert(ValidPolicy<presets::K2V2_R>);
+  static_assert(!ValidPolicy<presets::K2V2.with_head_dim(32)>);
+}
+
+TEST(Policy, PresetRecipes) {
+  EXPECT_EQ(presets::K4V2_HC.key.rotation, Rotation::hadamard);
+  EXPECT_TRUE(presets::K4V2_HC.key.centered);
+  EXPECT_FALSE(presets::K4V2_HC.value.centered);
+  EXPECT_EQ(presets::K2V2_R.key.clip_permille, 960);
+  EXPECT_EQ(presets::K2V2_R.value.clip_permille, 920);
+  EXPECT_EQ(presets::K2V2_R.value.rotation, Rotation::dense);
+}
+
+}  // namespace
