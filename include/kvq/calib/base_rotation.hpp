@@ -20,6 +20,7 @@
 
 #include "kvq/calib/skew_exp.hpp"
 #include "kvq/core/status.hpp"
+#include "kvq/rotation/hadamard.hpp"
 
 namespace kvq::calib {
 
@@ -43,6 +44,15 @@ inline MatD hadamard_rotation(int d, std::span<const int> signs = {}) {
       H(i, j) = di * ((std::popcount(static_cast<unsigned>(i & j)) & 1) ? -s : s);
   }
   return H;
+}
+
+// The run-time Hadamard of a QuantSpec with sign_seed (kvq/rotation/hadamard.hpp) as a
+// dense matrix: diag(hadamard_sign(seed, i))·H/√d; seed 0 = no signs.
+inline MatD hadamard_rotation_seeded(int d, std::uint32_t seed) {
+  if (seed == 0) return hadamard_rotation(d);
+  std::vector<int> s(d);
+  for (int i = 0; i < d; ++i) s[i] = hadamard_sign(seed, i) < 0.f ? -1 : 1;
+  return hadamard_rotation(d, s);
 }
 
 // Reverses the low log2(d) bits of i.

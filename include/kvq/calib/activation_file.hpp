@@ -1,0 +1,149 @@
+// kvq/calib/activation_file.hpp — reads calibration activations (DESIGN §6 input).
+//
+// Format "kvq.activations.v1" (written by examples/smollm2 --capture), safetensors:
+//   layers.<l>.q    [L, Hq, d]    queries (post-RoPE)       F32 / F16 / BF16
+//   layers.<l>.k    [L, Hkv, d]   keys (post-RoPE)
+//   layers.<l>.v    [L, Hkv, d]   values
+//   layers.<l>.w_o  [D, Hq·d]     output projection (PyTorch convention)
+//   seq_offsets     [n_seq + 1]   I64 (or I32) CSR sequence boundaries into L
+// Metadata "layers" lists the captured layer ids. Every shape and offset is checked;
+// missing or misshapen tensors are kvq::Error naming the tensor.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kvq/calib/activations.hpp"
+#include "kvq/io/safetensors.hpp"
+
+namespace kvq::calib {
+
+namespace detail {
+[[noreturn]] inline void bad_activations(const std::string& m) {
+  throw Error(StatusCode::invalid_argument, "activations: " + m);
+}
+
+inline std::vector<int> parse_layer_list(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  for (std::string tok; std::getline(ss, tok, ',');) {
+    if (tok.empty()) continue;
+    std::size_t pos = 0;
+    int v = -1;
+    try {
+      v = std::stoi(tok, &pos);
+    } catch (const std::exception&) {
+      pos = 0;
+    }
+    if (pos != tok.size() || v < 0) bad_activations("bad layer id '" + tok + "'");
+    out.push_back(v);
+  }
+  return out;
+}
+}  // namespace detail
+
+// Layer ids present in the file (from metadata "layers", else from tensor names).
+inline std::vector<int> activation_layers(const io::SafetensorsFile& f) {
+  auto it = f.metadata().find("layers");
+  if (it != f.metadata().end()) return detail::parse_layer_list(it->second);
+  std::vector<int> ids;
+  for (const std::string& n : f.names())
+    if (n.rfind("layers.", 0) == 0 && n.size() > 2 && n.compare(n.size() - 2, 2, ".k") == 0)
+      ids.push_back(detail::parse_layer_list(n.substr(7, n.size() - 9)).at(0));
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+// Reads layers `which` (empty = all) from an activation file.
+inline std::vector<LayerActivations> read_activations(const io::SafetensorsFile& f, std::vector<int> which = {}) {
+  if (which.empty()) which = activation_layers(f);
+  if (which.empty()) detail::bad_activations("the file holds no layers");
+  // Sequence boundaries are shared by all layers.
+  if (!f.contains("seq_offsets")) detail::bad_activations("tensor 'seq_offsets' is missing");
+  const io::TensorView& so = f.tensor("seq_offsets");
+  if (so.shape.size() != 1 || so.shape[0] < 2) detail::bad_activations("'seq_offsets' must be [n_seq + 1], n_seq >= 1");
+  std::vector<std::int64_t> offsets(static_cast<std::size_t>(so.shape[0]));
+  if (so.dtype == io::DType::I64) {
+    std::memcpy(offsets.data(), so.data.data(), offsets.size() * 8);
+  } else if (so.dtype == io::DType::I32) {
+    for (std::size_t i = 0; i < offsets.size(); ++i) {
+      std::int32_t x;
+      std::memcpy(&x, so.data.data() + 4 * i, 4);
+      offsets[i] = x;
+    }
+  } else {
+    detail::bad_activations("'seq_offsets' must be I64 or I32");
+  }
+  std::vector<LayerActivations> out;
+  for (int l : which) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    for (const char* t : {"q", "k", "v", "w_o"})
+      if (!f.contains(p + t)) detail::bad_activations("tensor '" + p + t + "' is missing");
+    const auto& qs = f.tensor(p + "q").shape;
+    const auto& ks = f.tensor(p + "k").shape;
+    const auto& vs = f.tensor(p + "v").shape;
+    const auto& ws = f.tensor(p + "w_o").shape;
+    if (qs.size() != 3 || ks.size() != 3 || ws.size() != 2)
+      detail::bad_activations("layer " + std::to_string(l) + ": q/k/v must be 3-D and w_o 2-D");
+    if (vs != ks) detail::bad_activations("layer " + std::to_string(l) + ": v and k shapes differ");
+    if (qs[0] != ks[0] || qs[2] != ks[2])
+      detail::bad_activations("layer " + std::to_string(l) + ": q and k disagree on L or head_dim");
+    if (qs[0] > (1 << 26) || qs[1] > 4096 || ks[1] > 4096 || qs[2] > 1024 || ws[0] > (1 << 20))
+      detail::bad_activations("layer " + std::to_string(l) + ": dimensions out of range");
+    LayerActivations a;
+    a.layer = l;
+    a.n_tokens = static_cast<int>(qs[0]);
+    a.hq = static_cast<int>(qs[1]);
+    a.hkv = static_cast<int>(ks[1]);
+    a.head_dim = static_cast<int>(qs[2]);
+    a.hidden = static_cast<int>(ws[0]);
+    if (ws[1] != qs[1] * qs[2])
+      detail::bad_activations("layer " + std::to_string(l) + ": w_o must be [D, Hq*d]");
+    a.q = f.to_float(p + "q");
+    a.k = f.to_float(p + "k");
+    a.v = f.to_float(p + "v");
+    a.w_o = f.to_float(p + "w_o");
+    a.seq_offsets = offsets;
+    a.validate();
+    for (const auto* x : {&a.q, &a.k, &a.v, &a.w_o})
+      for (float e : *x)
+        if (!std::isfinite(e)) detail::bad_activations("layer " + std::to_string(l) + " has non-finite values");
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+inline std::vector<LayerActivations> read_activations(const std::filesystem::path& path, std::vector<int> which = {}) {
+  return read_activations(io::SafetensorsFile::open(path), std::move(which));
+}
+
+// Writes layers in the same format (tests and tools that synthesize inputs).
+inline io::SafetensorsWriter activations_writer(const std::vector<LayerActivations>& layers) {
+  io::SafetensorsWriter w;
+  if (layers.empty()) throw Error(StatusCode::invalid_argument, "activations: nothing to write");
+  std::string ids;
+  for (const LayerActivations& a : layers) {
+    a.validate();
+    if (a.seq_offsets != layers[0].seq_offsets)
+      throw Error(StatusCode::invalid_argument, "activations: layers must share sequence offsets");
+    const std::string p = "layers." + std::to_string(a.layer) + ".";
+    const std::int64_t L = a.n_tokens, d = a.head_dim;
+    w.add_f32(p + "q", {L, a.hq, d}, a.q);
+    w.add_f32(p + "k", {L, a.hkv, d}, a.k);
+    w.add_f32(p + "v", {L, a.hkv, d}, a.v);
+    w.add_f32(p + "w_o", {a.hidden, a.hq * d}, a.w_o);
+    ids += (ids.empty() ? "" : ",") + std::to_string(a.layer);
+  }
+  w.add("seq_offsets", io::DType::I64, {static_cast<std::int64_t>(layers[0].seq_offsets.size())},
+        layers[0].seq_offsets.data());
+  w.set_metadata("format", "kvq.activations.v1");
+  w.set_metadata("layers", ids);
+  return w;
+}
+
+}  // namespace kvq::calib

@@ -1,0 +1,65 @@
+#include <gtest/gtest.h>
+
+#include "kvq/calib/activation_file.hpp"
+#include "synthetic.hpp"
+
+using namespace kvq::calib;
+
+namespace {
+
+std::vector<LayerActivations> two_layers() {
+  return {synth::synthetic_layer(2, 3, 16, 2, 3, 64, 24, 1), synth::synthetic_layer(5, 3, 16, 2, 3, 64, 24, 2)};
+}
+
+LayerActivations reread_one(kvq::io::SafetensorsWriter& w, int layer) {
+  return read_activations(kvq::io::SafetensorsFile::from_bytes(w.to_bytes()), {layer}).at(0);
+}
+
+TEST(ActivationFile, RoundTrip) {
+  const auto ls = two_layers();
+  auto w = activations_writer(ls);
+  const auto back = read_activations(kvq::io::SafetensorsFile::from_bytes(w.to_bytes()));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].layer, 5);
+  EXPECT_EQ(back[1].hq, 6);
+  EXPECT_EQ(back[1].hkv, 2);
+  EXPECT_EQ(back[1].hidden, 24);
+  EXPECT_EQ(back[1].q, ls[1].q);
+  EXPECT_EQ(back[1].w_o, ls[1].w_o);
+  EXPECT_EQ(back[0].seq_offsets, ls[0].seq_offsets);
+}
+
+TEST(ActivationFile, MissingOrMisshapenTensorsAreRejected) {
+  auto ls = two_layers();
+  {
+    auto w = activations_writer(ls);
+    EXPECT_THROW(reread_one(w, 3), kvq::Error);  // no such layer
+  }
+  {
+    kvq::io::SafetensorsWriter w;
+    const auto& a = ls[0];
+    w.add_f32("layers.2.q", {a.n_tokens, a.hq, 64}, a.q);
+    w.add_f32("layers.2.k", {a.n_tokens, a.hkv, 64}, a.k);
+    w.add_f32("layers.2.v", {a.n_tokens, a.hkv, 64}, a.v);
+    std::vector<float> wo(24 * 5 * 64);
+    w.add_f32("layers.2.w_o", {24, 5 * 64}, wo);  // wrong width
+    w.add("seq_offsets", kvq::io::DType::I64, {4}, a.seq_offsets.data());
+    EXPECT_THROW(reread_one(w, 2), kvq::Error);
+  }
+  {
+    kvq::io::SafetensorsWriter w;
+    const auto& a = ls[0];
+    w.add_f32("layers.2.q", {a.n_tokens, a.hq, 64}, a.q);
+    w.add_f32("layers.2.k", {a.n_tokens, a.hkv, 64}, a.k);
+    w.add_f32("layers.2.v", {a.n_tokens, a.hkv, 64}, a.v);
+    w.add_f32("layers.2.w_o", {24, a.hq * 64}, a.w_o);
+    const std::int64_t bad[3] = {0, 30, 20};  // decreasing, does not end at L
+    w.add("seq_offsets", kvq::io::DType::I64, {3}, bad);
+    EXPECT_THROW(reread_one(w, 2), kvq::Error);
+  }
+  ls[0].q[7] = std::numeric_limits<float>::infinity();
+  auto w = activations_writer(ls);
+  EXPECT_THROW(reread_one(w, 2), kvq::Error);
+}
+
+}  // namespace
