@@ -1,0 +1,230 @@
+// Shared helpers of the CUDA tests: device detection and skip, RAII device buffers,
+// seeded case generators (ragged page tables, rows, rotation parameters) used for the
+// CPU reference and the GPU launchers alike.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kvq/cuda/config.cuh"
+#include "kvq/cuda/launch/api.hpp"
+#include "kvq/kvq.hpp"
+
+#define KVQ_REQUIRE_CUDA_DEVICE()                                          \
+  do {                                                                     \
+    if (::kvq::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device found"; \
+  } while (0)
+
+#define KVQ_EXPECT_OK(expr)                       \
+  do {                                            \
+    const ::kvq::Status s_ = (expr);              \
+    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.to_string(); \
+  } while (0)
+
+namespace kvq::test {
+
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t n) : n_(n) {
+    if (n_ && cudaMalloc(&ptr_, n_ * sizeof(T)) != cudaSuccess) throw std::bad_alloc();
+  }
+  explicit DeviceBuffer(const std::vector<T>& h) : DeviceBuffer(h.size()) { upload(h); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), n_(o.n_) { o.ptr_ = nullptr, o.n_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  void upload(const std::vector<T>& h) {
+    if (n_) ASSERT_EQ(cudaMemcpy(ptr_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+    if (n_) EXPECT_EQ(cudaMemcpy(h.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+  void fill_bytes(int byte) {
+    if (n_) ASSERT_EQ(cudaMemset(ptr_, byte, n_ * sizeof(T)), cudaSuccess);
+  }
+  T* get() const { return ptr_; }
+  std::size_t size() const { return n_; }
+
+ private:
+  T* ptr_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+inline std::vector<float> normal(std::size_t n, std::uint32_t seed, float stddev = 1.f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.f, stddev);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+// Rows [tokens, heads, d] with a few large channels, as post-RoPE keys have.
+inline std::vector<float> outlier_rows(std::size_t tokens, int heads, int d, std::uint32_t seed) {
+  auto v = normal(tokens * heads * d, seed);
+  for (std::size_t r = 0; r < tokens * heads; ++r)
+    for (int c = 0; c < 3; ++c) v[r * d + (c * 37 + 5) % d] += (c % 2 ? -9.f : 11.f);
+  return v;
+}
+
+template <ActivationType T>
+std::vector<T> convert(const std::vector<float>& v) {
+  std::vector<T> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = from_float<T>(v[i]);
+  return out;
+}
+
+template <ActivationType T>
+std::uint32_t bits_of(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return float_bits(x);
+  } else {
+    return x.bits;
+  }
+}
+
+// Bit-identical, except that any two NaNs match (x86 and the GPU propagate different
+// NaN payloads through arithmetic; DESIGN §2 only requires that NaN stays NaN).
+template <ActivationType T>
+bool same_value(T a, T b) {
+  return bits_of(a) == bits_of(b) || (std::isnan(to_float(a)) && std::isnan(to_float(b)));
+}
+
+// A CSR page table of a ragged batch with shuffled, non-contiguous pages and spare
+// pages that no sequence owns (they must stay untouched).
+struct RaggedTable {
+  int page_size = 16;
+  int num_pages = 0;
+  std::vector<int> lens;
+  std::vector<std::int32_t> indptr, indices, last;
+
+  PageTableView host() const {
+    return {indptr.data(), indices.data(), last.data(), static_cast<int>(lens.size()), page_size};
+  }
+  int total_tokens() const { return std::accumulate(lens.begin(), lens.end(), 0); }
+};
+
+inline RaggedTable make_table(const std::vector<int>& lens, int page_size, std::uint32_t seed, int spare = 3) {
+  RaggedTable t;
+  t.page_size = page_size;
+  t.lens = lens;
+  t.indptr.push_back(0);
+  for (int len : lens) {
+    const int pages = (len + page_size - 1) / page_size;
+    t.indptr.push_back(t.indptr.back() + pages);
+    t.last.push_back(len == 0 ? 0 : len - (pages - 1) * page_size);
+  }
+  t.num_pages = t.indptr.back() + spare;
+  std::vector<std::int32_t> perm(t.num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(seed));
+  t.indices.assign(perm.begin(), perm.begin() + t.indptr.back());
+  if (t.indices.empty()) t.indices.push_back(0);  // never read; keeps the pointer valid
+  return t;
+}
+
+struct DeviceTable {
+  DeviceBuffer<std::int32_t> indptr, indices, last;
+  int batch = 0, page_size = 16;
+  explicit DeviceTable(const RaggedTable& t)
+      : indptr(t.indptr), indices(t.indices), last(t.last.empty() ? std::vector<std::int32_t>{0} : t.last),
+        batch(static_cast<int>(t.lens.size())), page_size(t.page_size) {}
+  PageTableView view() const { return {indptr.get(), indices.get(), last.get(), batch, page_size}; }
+};
+
+// Every (sequence, position) of the table in shuffled order.
+struct TokenList {
+  std::vector<std::int32_t> batch, pos;
+  int size() const { return static_cast<int>(batch.size()); }
+};
+inline TokenList all_tokens(const RaggedTable& t, std::uint32_t seed) {
+  std::vector<std::pair<int, int>> v;
+  for (int b = 0; b < static_cast<int>(t.lens.size()); ++b)
+    for (int p = 0; p < t.lens[b]; ++p) v.emplace_back(b, p);
+  std::shuffle(v.begin(), v.end(), std::mt19937(seed));
+  TokenList out;
+  for (auto [b, p] : v) out.batch.push_back(b), out.pos.push_back(p);
+  return out;
+}
+
+// Run-time rotation parameters a policy needs (host and device copies).
+struct Rotations {
+  std::vector<float> key_mean, key_rot, value_mean, value_rot;
+  DeviceBuffer<float> d_key_mean, d_key_rot, d_value_mean, d_value_rot;
+  RotationParams host() const {
+    auto p = [](const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
+    return {p(key_mean), p(key_rot), p(value_mean), p(value_rot)};
+  }
+  RotationParams device() const {
+    auto p = [](const DeviceBuffer<float>& v) -> const float* { return v.size() ? v.get() : nullptr; };
+    return {p(d_key_mean), p(d_key_rot), p(d_value_mean), p(d_value_rot)};
+  }
+};
+
+// Random orthogonal [d, d] (Gram–Schmidt in double of a Gaussian matrix).
+inline std::vector<float> random_orthogonal(int d, std::uint32_t seed) {
+  auto g = normal(std::size_t(d) * d, seed);
+  std::vector<double> q(g.begin(), g.end());
+  for (int i = 0; i < d; ++i) {
+    for (int j = 0; j < i; ++j) {
+      double dot = 0;
+      for (int k = 0; k < d; ++k) dot += q[i * d + k] * q[j * d + k];
+      for (int k = 0; k < d; ++k) q[i * d + k] -= dot * q[j * d + k];
+    }
+    double n = 0;
+    for (int k = 0; k < d; ++k) n += q[i * d + k] * q[i * d + k];
+    n = std::sqrt(n);
+    for (int k = 0; k < d; ++k) q[i * d + k] /= n;
+  }
+  return std::vector<float>(q.begin(), q.end());
+}
+
+template <Policy P>
+void make_rotations(Rotations& r, int hkv, std::uint32_t seed) {
+  constexpr int D = P.head_dim;
+  auto rots = [&](std::uint32_t s) {
+    std::vector<float> v;
+    for (int h = 0; h < hkv; ++h) {
+      auto m = random_orthogonal(D, s + 7919u * h);
+      v.insert(v.end(), m.begin(), m.end());
+    }
+    return v;
+  };
+  if (P.key.centered) r.key_mean = normal(std::size_t(hkv) * D, seed + 1, 2.f);
+  if (P.key.rotation == Rotation::dense) r.key_rot = rots(seed + 2);
+  if (P.value.centered) r.value_mean = normal(std::size_t(hkv) * D, seed + 3, 2.f);
+  if (P.value.rotation == Rotation::dense) r.value_rot = rots(seed + 4);
+  r.d_key_mean = DeviceBuffer<float>(r.key_mean);
+  r.d_key_rot = DeviceBuffer<float>(r.key_rot);
+  r.d_value_mean = DeviceBuffer<float>(r.value_mean);
+  r.d_value_rot = DeviceBuffer<float>(r.value_rot);
+}
+
+// Relative L2 error of one row, with a floor for rows near zero.
+inline double row_error(const float* a, const float* ref, int n) {
+  double num = 0, den = 0;
+  for (int i = 0; i < n; ++i) {
+    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-3 * std::sqrt(double(n)));
+}
+
+}  // namespace kvq::test

@@ -1,0 +1,253 @@
+// Host-only tests of the CUDA launch arithmetic and argument validation
+// (kvq/cuda/launch/{plan,api}.hpp). Plain C++: they run on machines without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "kvq/cuda/launch/api.hpp"
+#include "kvq/cuda/launch/plan.hpp"
+
+namespace {
+
+using namespace kvq;
+using namespace kvq::cuda;
+
+TEST(CudaPlan, RowsPerCta) {
+  // GQA 8, one query: 8 rows; GQA 1: the smallest option; large runs cap by head_dim.
+  EXPECT_EQ(choose_rows_per_cta(128, 8, 1), 8);
+  EXPECT_EQ(choose_rows_per_cta(128, 1, 1), 4);
+  EXPECT_EQ(choose_rows_per_cta(128, 4, 1), 4);
+  EXPECT_EQ(choose_rows_per_cta(128, 4, 3), 16);
+  EXPECT_EQ(choose_rows_per_cta(128, 8, 100), 16);
+  EXPECT_EQ(choose_rows_per_cta(256, 8, 4), 8);  // D = 256 caps at 8 rows
+  EXPECT_EQ(choose_rows_per_cta(64, 16, 2), 16);
+  for (int d : {64, 128, 256})
+    for (int r : kRowOptions) {
+      if (r > max_rows_per_cta(d)) continue;
+      const int vd = value_dims_per_lane(d, r);
+      EXPECT_LE(r * vd, 64) << d << " " << r;  // accumulator registers per lane
+      EXPECT_GE(vd, d / 32);
+      EXPECT_EQ(32 % (d / vd), 0);  // value lanes tile the warp
+    }
+}
+
+TEST(CudaPlan, SplitChunksCoverEveryTokenOnce) {
+  for (int len : {0, 1, 31, 32, 33, 100, 1000, 4096, 4097}) {
+    for (int s : {1, 2, 3, 7, 8, 64}) {
+      std::vector<int> hits(len, 0);
+      for (int k = 0; k < s; ++k) {
+        const int b = split_begin(len, s, k), e = split_end(len, s, k);
+        ASSERT_LE(b, e);
+        if (b < e) {
+          EXPECT_EQ(b % kWarpTokens, 0);  // splits start on warp tiles
+        }
+        for (int t = b; t < e; ++t) ++hits[t];
+      }
+      for (int t = 0; t < len; ++t) ASSERT_EQ(hits[t], 1) << "len " << len << " splits " << s << " token " << t;
+    }
+  }
+}
+
+TEST(CudaPlan, SharedMemoryLayout) {
+  const DecodeSmem s{64, 16, 32, 4, 128, 8, 4, decode_warps(116)};
+  EXPECT_EQ(s.warps, 4);
+  for (std::size_t off : {s.km_off(), s.vc_off(), s.vm_off(), s.stage_bytes(), s.p_off(0), s.q_off(), s.qsum_off(),
+                          s.shift_off(), s.limit_off(), s.total()})
+    EXPECT_EQ(off % 16, 0u);
+  EXPECT_GE(s.km_off(), 64u * 32);
+  EXPECT_GE(s.vc_off() - s.km_off(), 16u * 32);
+  EXPECT_GE(s.p_off(0), s.staging_bytes());
+  EXPECT_GE(s.p_off(0), s.merge_bytes());
+  EXPECT_EQ(s.q_off() - s.p_off(0), 4u * 32 * 8 * 4);
+  EXPECT_LE(s.total(), 48u * 1024);  // K4V2 at d = 128 needs no opt-in
+  // Big rows drop to fewer warps so that the double-buffered staging stays ≤ 64 KiB.
+  EXPECT_EQ(decode_warps(512), 2);   // fp16 d = 128 baseline
+  EXPECT_EQ(decode_warps(1024), 1);  // fp32 d = 128
+  EXPECT_EQ(decode_warps(72), 4);    // K2V2 d = 128
+}
+
+TEST(CudaPlan, DecodePlanGridAndWorkspace) {
+  DecodePlan plan;
+  DecodeShape s{/*batch*/ 3, /*hkv*/ 2, /*hq*/ 16, /*total_q*/ 5, /*max_q*/ 3, /*splits*/ 1, 128};
+  ASSERT_TRUE(make_decode_plan(s, plan).ok());
+  EXPECT_EQ(plan.rows, 16);
+  EXPECT_EQ(plan.row_tiles, 2);  // 3 tokens × 8 heads = 24 rows
+  EXPECT_EQ(plan.grid.x, 6u);
+  EXPECT_EQ(plan.grid.y, 2u);
+  EXPECT_EQ(plan.grid.z, 1u);
+  EXPECT_EQ(plan.workspace_bytes(), 0u);
+  s.num_splits = 4;
+  ASSERT_TRUE(make_decode_plan(s, plan).ok());
+  EXPECT_EQ(plan.partial_o_bytes, align_up(4u * 5 * 16 * 128 * 4, 256));
+  EXPECT_EQ(plan.partial_lse_bytes, align_up(4u * 5 * 16 * 4, 256));
+  EXPECT_EQ(plan.merge_grid.x, (5u * 16 + 3) / 4);
+  s.num_qo_heads = 3;
+  EXPECT_EQ(make_decode_plan(s, plan).code(), StatusCode::invalid_argument);
+  s.num_qo_heads = 16;
+  s.head_dim = 96;
+  EXPECT_EQ(make_decode_plan(s, plan).code(), StatusCode::unsupported);
+  s.head_dim = 128;
+  s.num_splits = 0;
+  EXPECT_FALSE(make_decode_plan(s, plan).ok());
+}
+
+TEST(CudaPlan, SuggestSplits) {
+  // Few CTAs on a big GPU → split, but never below min_tokens_per_split keys each.
+  EXPECT_EQ(suggest_num_splits(1, 8, 1, 4096, 132), 16);
+  EXPECT_EQ(suggest_num_splits(1, 8, 1, 1024, 132), 4);
+  EXPECT_EQ(suggest_num_splits(64, 8, 1, 32768, 132), 1);
+  EXPECT_EQ(suggest_num_splits(1, 1, 1, 1 << 20, 132), 256);
+  EXPECT_EQ(suggest_num_splits(0, 8, 1, 4096, 132), 1);
+}
+
+TEST(CudaPlan, RowGrid) {
+  EXPECT_EQ(row_grid(1).x, 1u);
+  EXPECT_EQ(row_grid(4).x, 1u);
+  EXPECT_EQ(row_grid(5).x, 2u);
+}
+
+// ---- validation ---------------------------------------------------------------------
+
+constexpr Policy kP = presets::K4V2;
+constexpr Policy kPC = presets::K4V2_HC;  // centered keys
+constexpr Policy kPR = presets::K4V2_R;   // dense rotations
+
+alignas(256) std::byte g_pool[4096];
+std::int32_t g_indptr[3] = {0, 1, 2}, g_indices[2] = {0, 1}, g_last[2] = {3, 5};
+std::int32_t g_ints[8] = {};
+half_t g_rows[1024];
+float g_floats[1024];
+
+template <Policy P>
+PagedCacheView<P> cache() {
+  return {g_pool, 2, PageLayout<P>{16, 2}};
+}
+PageTableView table() { return {g_indptr, g_indices, g_last, 2, 16}; }
+
+TEST(CudaValidate, Append) {
+  AppendArgs<kP, half_t> a{cache<kP>(), table(), g_rows, g_rows, 2, g_ints, g_ints, {}, nullptr};
+  EXPECT_TRUE(validate(a).ok());
+  auto b = a;
+  b.keys = nullptr;
+  EXPECT_EQ(validate(b).code(), StatusCode::invalid_argument);
+  b = a;
+  b.num_tokens = -1;
+  EXPECT_FALSE(validate(b).ok());
+  b = a;
+  b.num_tokens = 0;
+  b.keys = nullptr;  // nothing to do: nothing checked
+  EXPECT_TRUE(validate(b).ok());
+  b = a;
+  b.table.page_size = 32;
+  EXPECT_NE(validate(b).message().find("page_size"), std::string::npos);
+  b = a;
+  b.cache.pool = g_pool + 4;
+  EXPECT_NE(validate(b).message().find("aligned"), std::string::npos);
+  b = a;
+  b.table.indices = nullptr;
+  EXPECT_FALSE(validate(b).ok());
+
+  AppendArgs<kPC, half_t> c{cache<kPC>(), table(), g_rows, g_rows, 2, g_ints, g_ints, {}, nullptr};
+  EXPECT_NE(validate(c).message().find("key_mean"), std::string::npos);
+  c.rotation.key_mean = g_floats;
+  EXPECT_TRUE(validate(c).ok());
+  AppendArgs<kPR, float> r{cache<kPR>(), table(), g_floats, g_floats, 2, g_ints, g_ints, {g_floats}, nullptr};
+  EXPECT_NE(validate(r).message().find("key_rotation"), std::string::npos);
+  r.rotation.key_rotation = r.rotation.value_rotation = g_floats;
+  EXPECT_TRUE(validate(r).ok());
+}
+
+TEST(CudaValidate, DequantizeAndRotate) {
+  DequantizeArgs<kP, float> d{cache<kP>(), table(), 2, g_ints, g_ints, g_floats, g_floats, {}, nullptr};
+  EXPECT_TRUE(validate(d).ok());
+  d.values = nullptr;
+  EXPECT_FALSE(validate(d).ok());
+
+  RotateArgs<kPR, float> r{g_floats, g_floats, 4, 8, 4, RotateOp::query, {}};
+  EXPECT_NE(validate(r).message().find("key_rotation"), std::string::npos);
+  r.rotation.key_rotation = g_floats;
+  EXPECT_TRUE(validate(r).ok());  // a query rotation needs no means and no R_V
+  r.op = RotateOp::output;
+  EXPECT_NE(validate(r).message().find("value_rotation"), std::string::npos);
+  r.op = RotateOp::key;
+  EXPECT_NE(validate(r).message().find("key_mean"), std::string::npos);
+  r.heads_per_kv_head = 0;
+  EXPECT_FALSE(validate(r).ok());
+}
+
+TEST(CudaValidate, Decode) {
+  DecodeArgs<kP, half_t, half_t> a;
+  a.cache = cache<kP>();
+  a.table = table();
+  a.params.q = g_rows;
+  a.params.out = g_rows;
+  a.params.q_indptr = g_ints;
+  a.params.num_qo_heads = 8;
+  a.total_q = 2;
+  a.max_q_per_seq = 1;
+  DecodePlan plan;
+  EXPECT_TRUE(validate(a, plan).ok()) << validate(a, plan).to_string();
+  EXPECT_EQ(plan.rows, 4);
+  EXPECT_EQ(decode_workspace_bytes(a), 0u);
+
+  auto b = a;
+  b.num_splits = 4;
+  EXPECT_NE(validate(b, plan).message().find("workspace"), std::string::npos);
+  alignas(256) static std::byte ws[1 << 16];
+  b.workspace = ws;
+  b.workspace_bytes = decode_workspace_bytes(b) - 1;
+  EXPECT_NE(validate(b, plan).message().find("required"), std::string::npos);
+  b.workspace_bytes = decode_workspace_bytes(b);
+  EXPECT_TRUE(validate(b, plan).ok());
+  b.workspace = ws + 16;
+  EXPECT_NE(validate(b, plan).message().find("256-byte"), std::string::npos);
+
+  b = a;
+  b.params.num_qo_heads = 3;
+  EXPECT_NE(validate(b, plan).message().find("multiple"), std::string::npos);
+  b = a;
+  b.params.sm_scale = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(validate(b, plan).ok());
+  b = a;
+  b.max_q_per_seq = 0;
+  EXPECT_FALSE(validate(b, plan).ok());
+  b = a;
+  b.params.out = nullptr;
+  EXPECT_FALSE(validate(b, plan).ok());
+
+  // rotated_output with value centering is rejected, as on the host.
+  constexpr Policy kVC = [] {
+    Policy p = presets::K4V2_H;
+    p.value.centered = true;
+    return p;
+  }();
+  DecodeArgs<kVC, half_t, half_t> c;
+  c.cache = cache<kVC>();
+  c.table = table();
+  c.params = a.params;
+  c.params.rotated_output = true;
+  c.rotation.value_mean = g_floats;
+  c.total_q = 2;
+  EXPECT_NE(validate(c, plan).message().find("rotated_output"), std::string::npos);
+}
+
+TEST(CudaValidate, DenseDecode) {
+  DenseDecodeArgs<half_t, 128, half_t, half_t> a;
+  a.pool = g_pool;
+  a.num_pages = 2;
+  a.layout = {16, 2};
+  a.table = table();
+  a.params.q = g_rows;
+  a.params.out = g_rows;
+  a.params.q_indptr = g_ints;
+  a.params.num_qo_heads = 4;
+  a.total_q = 2;
+  DecodePlan plan;
+  EXPECT_TRUE(validate(a, plan).ok());
+  a.layout.page_size = 8;
+  EXPECT_FALSE(validate(a, plan).ok());
+}
+
+}  // namespace
