@@ -1,0 +1,257 @@
+// CUDA decode-attention and append benchmarks (Google Benchmark, CUDA-event manual
+// timing). Reports the physical quantities of DESIGN §9 side by side in one run:
+//   BM_Copy           device-to-device copy: the bandwidth roofline (GB/s = read+write)
+//   BM_Decode<P>      quantized split-KV decode: GB/s on PACKED bytes read, FMA/s
+//   BM_DecodeBF16     the full-precision kernel of the same design on a BF16 cache
+//   BM_Append<P>      fused quantize-append of one decode step (batch tokens) and of a
+//                     prefill chunk; tokens/s
+// Shapes: Llama-3-8B-like layer, Hkv = 8, Hq = 32 (GQA 4), head_dim 128, page 64;
+// batch × context from 1×4K to 64×32K. Cache contents are a constant byte pattern
+// (timing does not depend on values; finite scales keep the fast path).
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kvq/cuda/config.cuh"
+#include "kvq/cuda/launch/api.hpp"
+#include "bench_cuda_decode_kvq_instantiations.hpp"
+
+namespace {
+
+using namespace kvq;
+using kvq::cuda::Stream;
+
+constexpr int kHkv = 8, kGroup = 4, kHq = kHkv * kGroup, kD = 128, kPage = 64;
+using T = bfloat16_t;
+
+#define BENCH_CUDA(expr)                                                               \
+  do {                                                                                 \
+    const cudaError_t e_ = (expr);                                                     \
+    if (e_ != cudaSuccess) {                                                           \
+      state.SkipWithError((std::string(#expr) + ": " + cudaGetErrorString(e_)).c_str()); \
+      return;                                                                          \
+    }                                                                                  \
+  } while (0)
+
+int num_sms() {
+  int dev = 0, n = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  return n;
+}
+
+// Owns device memory for one benchmark shape.
+struct Dev {
+  std::vector<void*> ptrs;
+  ~Dev() {
+    for (void* p : ptrs) cudaFree(p);
+  }
+  template <class U>
+  U* alloc(std::size_t n) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(U)) != cudaSuccess) return nullptr;
+    ptrs.push_back(p);
+    return static_cast<U*>(p);
+  }
+};
+
+// A batch of equal-length sequences with contiguous pages (device arrays).
+struct Table {
+  PageTableView view{};
+  int num_pages = 0;
+  bool init(Dev& dev, int batch, int ctx) {
+    const int pages = (ctx + kPage - 1) / kPage;
+    num_pages = batch * pages;
+    std::vector<std::int32_t> indptr(batch + 1), indices(num_pages), last(batch, ctx - (pages - 1) * kPage);
+    for (int b = 0; b <= batch; ++b) indptr[b] = b * pages;
+    std::iota(indices.begin(), indices.end(), 0);
+    auto* d_indptr = dev.alloc<std::int32_t>(indptr.size());
+    auto* d_indices = dev.alloc<std::int32_t>(indices.size());
+    auto* d_last = dev.alloc<std::int32_t>(last.size());
+    if (!d_indptr || !d_indices || !d_last) return false;
+    cudaMemcpy(d_indptr, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(d_indices, indices.data(), indices.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(d_last, last.data(), last.size() * 4, cudaMemcpyHostToDevice);
+    view = {d_indptr, d_indices, d_last, batch, kPage};
+    return true;
+  }
+};
+
+// Times `launch` with CUDA events; one iteration = `reps` launches.
+template <class F>
+void time_loop(benchmark::State& state, F&& launch, int reps = 5) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (int i = 0; i < 2; ++i) launch();  // warm-up
+  for (auto _ : state) {
+    cudaEventRecord(start);
+    for (int r = 0; r < reps; ++r) launch();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0.f;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms / 1e3 / reps);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) state.SkipWithError(cudaGetErrorString(e));
+}
+
+void BM_Copy(benchmark::State& state) {
+  const std::size_t bytes = std::size_t(state.range(0)) << 20;
+  Dev dev;
+  auto* a = dev.alloc<std::byte>(bytes);
+  auto* b = dev.alloc<std::byte>(bytes);
+  if (!a || !b) return state.SkipWithError("cudaMalloc failed");
+  BENCH_CUDA(cudaMemset(a, 1, bytes));
+  time_loop(state, [&] { cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice); });
+  state.counters["GB/s"] = benchmark::Counter(2.0 * bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["read_GB/s"] = benchmark::Counter(1.0 * bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Copy)->Arg(1024)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// Queries, outputs and split workspace of one decode step.
+template <class Args>
+bool setup_decode(Dev& dev, Args& a, int batch, int ctx) {
+  std::vector<std::int32_t> qi(batch + 1);
+  for (int b = 0; b <= batch; ++b) qi[b] = b;
+  auto* d_qi = dev.alloc<std::int32_t>(qi.size());
+  auto* q = dev.alloc<T>(std::size_t(batch) * kHq * kD);
+  auto* out = dev.alloc<T>(std::size_t(batch) * kHq * kD);
+  auto* lse = dev.alloc<float>(std::size_t(batch) * kHq);
+  if (!d_qi || !q || !out || !lse) return false;
+  cudaMemcpy(d_qi, qi.data(), qi.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemset(q, 0x3C, std::size_t(batch) * kHq * kD * sizeof(T));
+  a.params = {q, d_qi, kHq, nullptr, 0.f, false, out, lse};
+  a.total_q = batch;
+  a.max_q_per_seq = 1;
+  cuda::DecodePlan plan;
+  cuda::DecodeShape s = a.shape();
+  s.num_splits = 1;
+  if (!cuda::make_decode_plan(s, plan).ok()) return false;
+  a.num_splits = cuda::suggest_num_splits(batch, kHkv, plan.row_tiles, ctx, num_sms());
+  a.workspace_bytes = cuda::decode_workspace_bytes(a);
+  a.workspace = a.workspace_bytes ? dev.alloc<std::byte>(a.workspace_bytes) : nullptr;
+  return !a.workspace_bytes || a.workspace;
+}
+
+void set_decode_counters(benchmark::State& state, int batch, int ctx, std::size_t bytes_per_token_head, int splits) {
+  const double token_heads = double(batch) * ctx * kHkv;
+  state.counters["GB/s"] =
+      benchmark::Counter(token_heads * bytes_per_token_head / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  // q·k plus p·v multiply-adds of all query heads.
+  state.counters["TFMA/s"] =
+      benchmark::Counter(token_heads * kGroup * 2.0 * kD / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["splits"] = splits;
+  state.counters["MB"] = token_heads * bytes_per_token_head / 1e6;
+}
+
+template <Policy P>
+void BM_Decode(benchmark::State& state) {
+  const int batch = state.range(0), ctx = state.range(1);
+  Dev dev;
+  Table tab;
+  if (!tab.init(dev, batch, ctx)) return state.SkipWithError("allocation failed");
+  const PageLayout<P> layout{kPage, kHkv};
+  auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
+  if (!pool) return state.SkipWithError("cudaMalloc failed (pool)");
+  BENCH_CUDA(cudaMemset(pool, 0x3C, layout.page_bytes() * tab.num_pages));
+  cuda::DecodeArgs<P, T, T> a;
+  a.cache = {pool, tab.num_pages, layout};
+  a.table = tab.view;
+  if (!setup_decode(dev, a, batch, ctx)) return state.SkipWithError("setup failed");
+  Status st;
+  time_loop(state, [&] { st = cuda::decode_attention(a, nullptr); });
+  if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
+  set_decode_counters(state, batch, ctx, PageLayout<P>::kBytesPerTokenHead, a.num_splits);
+}
+
+void BM_DecodeBF16(benchmark::State& state) {
+  const int batch = state.range(0), ctx = state.range(1);
+  Dev dev;
+  Table tab;
+  if (!tab.init(dev, batch, ctx)) return state.SkipWithError("allocation failed");
+  const DensePageLayout<T, kD> layout{kPage, kHkv};
+  auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
+  if (!pool) return state.SkipWithError("cudaMalloc failed (pool)");
+  BENCH_CUDA(cudaMemset(pool, 0x3C, layout.page_bytes() * tab.num_pages));
+  cuda::DenseDecodeArgs<T, kD, T, T> a;
+  a.pool = pool;
+  a.num_pages = tab.num_pages;
+  a.layout = layout;
+  a.table = tab.view;
+  if (!setup_decode(dev, a, batch, ctx)) return state.SkipWithError("setup failed");
+  Status st;
+  time_loop(state, [&] { st = cuda::dense_decode_attention(a, nullptr); });
+  if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
+  set_decode_counters(state, batch, ctx, 2 * kD * sizeof(T), a.num_splits);
+}
+
+// Fused quantize-append of `tokens` new tokens (decode step: one per sequence).
+template <Policy P>
+void BM_Append(benchmark::State& state) {
+  const int tokens = state.range(0);
+  Dev dev;
+  Table tab;
+  if (!tab.init(dev, tokens, 1)) return state.SkipWithError("allocation failed");
+  const PageLayout<P> layout{kPage, kHkv};
+  auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
+  auto* rows = dev.alloc<T>(std::size_t(tokens) * kHkv * kD);
+  auto* bi = dev.alloc<std::int32_t>(tokens);
+  auto* pos = dev.alloc<std::int32_t>(tokens);
+  if (!pool || !rows || !bi || !pos) return state.SkipWithError("cudaMalloc failed");
+  std::vector<std::int32_t> b(tokens), p(tokens, 0);
+  std::iota(b.begin(), b.end(), 0);
+  cudaMemcpy(bi, b.data(), tokens * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(pos, p.data(), tokens * 4, cudaMemcpyHostToDevice);
+  BENCH_CUDA(cudaMemset(rows, 0x3C, std::size_t(tokens) * kHkv * kD * sizeof(T)));
+  cuda::AppendArgs<P, T> a;
+  a.cache = {pool, tab.num_pages, layout};
+  a.table = tab.view;
+  a.keys = a.values = rows;
+  a.num_tokens = tokens;
+  a.batch_indices = bi;
+  a.positions = pos;
+  Status st;
+  time_loop(state, [&] { st = cuda::append_kv(a, nullptr); });
+  if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
+  state.counters["Mtok/s"] = benchmark::Counter(tokens / 1e6, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void decode_shapes(benchmark::internal::Benchmark* b) {
+  for (auto [batch, ctx] : {std::pair{1, 4096}, {1, 32768}, {8, 8192}, {16, 32768}, {64, 4096}, {64, 32768}})
+    b->Args({batch, ctx});
+  b->ArgNames({"batch", "ctx"})->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+#define KVQ_BENCH(ID, POLICY, TT)                                                       \
+  BENCHMARK_TEMPLATE(BM_Decode, POLICY)->Name("BM_Decode/" #ID)->Apply(decode_shapes); \
+  BENCHMARK_TEMPLATE(BM_Append, POLICY)                                                 \
+      ->Name("BM_Append/" #ID)                                                          \
+      ->ArgName("tokens")                                                               \
+      ->Arg(64)                                                                         \
+      ->Arg(16384)                                                                      \
+      ->UseManualTime()                                                                 \
+      ->Unit(benchmark::kMicrosecond);
+KVQ_INSTANTIATIONS(KVQ_BENCH)
+BENCHMARK(BM_DecodeBF16)->Apply(decode_shapes);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (kvq::cuda::device_count() == 0) {
+    std::printf("kvq CUDA benchmarks: no CUDA device found, nothing to run\n");
+    return 0;
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
