@@ -20,15 +20,19 @@ inline std::vector<float> random_normal(std::size_t n, std::uint32_t seed, float
   return v;
 }
 
-// Keys with a few large-magnitude channels, as real post-RoPE keys have.
+// Keys with a few large-magnitude channels, as real post-RoPE keys have: each outlier
+// channel has a fixed offset (what centering removes) and a large per-token spread
+// (what a rotation must spread over the other channels).
 inline std::vector<float> outlier_channels(std::size_t tokens, int heads, int d, std::uint32_t seed,
                                            int num_outliers = 4, float magnitude = 12.f) {
   auto v = random_normal(tokens * heads * d, seed);
+  std::mt19937 gen(seed ^ 0x5bd1e995u);
+  std::normal_distribution<float> n(0.f, 1.f);
   for (std::size_t t = 0; t < tokens; ++t)
     for (int h = 0; h < heads; ++h)
       for (int c = 0; c < num_outliers; ++c) {
         const int ch = (c * 37 + 5) % d;
-        v[(t * heads + h) * d + ch] = v[(t * heads + h) * d + ch] * 0.5f + magnitude * (c % 2 ? -1.f : 1.f);
+        v[(t * heads + h) * d + ch] = magnitude * (0.5f * (c % 2 ? -1.f : 1.f) + 0.5f * n(gen));
       }
   return v;
 }

@@ -101,12 +101,12 @@ template <Policy P>
 Status dequantize_sequence(const ConstPagedCacheView<P>& cache, const PageTableView& table, int b,
                            const RotationParams& r, float* keys, float* values) {
   using enum StatusCode;
-  KVQ_CHECK_ARG(keys && values, invalid_argument, "dequantize: null output");
   KVQ_CHECK_ARG(table.page_size == cache.layout.page_size, invalid_argument,
                 "dequantize: page table page_size differs from the cache layout's");
   KVQ_RETURN_IF_ERROR(validate_page_table(table, cache.num_pages));
   KVQ_RETURN_IF_ERROR(validate_rotation_params<P>(r));
   KVQ_CHECK_ARG(b >= 0 && b < table.batch_size, out_of_range, "dequantize: sequence index out of range");
+  KVQ_CHECK_ARG(table.seq_len(b) == 0 || (keys && values), invalid_argument, "dequantize: null output");
   constexpr int D = P.head_dim;
   const int hkv = cache.layout.num_kv_heads;
   float scratch[D];

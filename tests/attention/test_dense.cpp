@@ -1,0 +1,73 @@
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "common/test_utils.hpp"
+#include "kvq/attention/dense.hpp"
+#include "kvq/attention/reference.hpp"
+
+namespace {
+
+template <int D>
+void run_golden(const nlohmann::json& a) {
+  const auto q2 = a["q"].get<std::vector<std::vector<float>>>();
+  const auto k2 = a["k"].get<std::vector<std::vector<float>>>();
+  const auto v2 = a["v"].get<std::vector<std::vector<float>>>();
+  const auto o2 = a["o"].get<std::vector<std::vector<double>>>();
+  const auto lse_want = a["lse"].get<std::vector<double>>();
+  const int nq = int(q2.size()), L = int(k2.size());
+  // Each golden query row is its own query head over one shared KV head (GQA = nq),
+  // with the mask disabled.
+  std::vector<float> q, k, v, out(nq * D, kvq::test::kPoison), lse(nq, kvq::test::kPoison);
+  for (auto& r : q2) q.insert(q.end(), r.begin(), r.end());
+  for (auto& r : k2) k.insert(k.end(), r.begin(), r.end());
+  for (auto& r : v2) v.insert(v.end(), r.begin(), r.end());
+  const std::int32_t q_indptr[2] = {0, 1}, kv_indptr[2] = {0, L}, no_mask = 1 << 30;
+  kvq::DecodeParams<float, float> p{q.data(), q_indptr, nq, &no_mask, a["tau"].get<float>(), false, out.data(), lse.data()};
+  ASSERT_TRUE((kvq::dense_attention<D>(k.data(), v.data(), kv_indptr, 1, 1, p).ok()));
+  std::vector<double> want;
+  for (auto& r : o2) want.insert(want.end(), r.begin(), r.end());
+  EXPECT_LT(kvq::test::rel_l2(out, want), 1e-6);
+  for (int i = 0; i < nq; ++i) EXPECT_NEAR(lse[i], lse_want[i], 1e-5);
+}
+
+TEST(DenseAttention, GoldenVectors) {
+  for (const auto& a : kvq::test::spec_vectors()["attention"]) {
+    const auto d = a["q"][0].size();
+    if (d == 64) run_golden<64>(a);
+    else if (d == 128) run_golden<128>(a);
+    else FAIL() << "unexpected head_dim " << d;
+  }
+}
+
+TEST(DenseAttention, PagedFp16MatchesRaggedRows) {
+  constexpr int D = 64, hkv = 2, hq = 8, P = 16;
+  const int lens[2] = {45, 70};
+  const auto k = kvq::test::random_normal(115 * hkv * D, 1), v = kvq::test::random_normal(115 * hkv * D, 2);
+  const auto q = kvq::test::random_normal(2 * hq * D, 3);
+  kvq::DensePageLayout<kvq::half_t, D> layout{P, hkv};
+  const std::int32_t indptr[3] = {0, 3, 8}, indices[8] = {7, 0, 3, 1, 2, 4, 5, 6}, last[2] = {13, 6};
+  std::vector<std::byte> pool(layout.page_bytes() * 8);
+  std::vector<float> kr(k.size()), vr(v.size());  // fp16-rounded rows for the ragged reference
+  for (int b = 0, row = 0; b < 2; ++b)
+    for (int t = 0; t < lens[b]; ++t, ++row)
+      for (int h = 0; h < hkv; ++h)
+        for (int d = 0; d < D; ++d) {
+          std::byte* page = pool.data() + layout.page_bytes() * indices[indptr[b] + t / P];
+          const std::size_t i = (std::size_t(row) * hkv + h) * D + d;
+          layout.key_row(page, h, t % P)[d] = kvq::half_t(k[i]);
+          layout.value_row(page, h, t % P)[d] = kvq::half_t(v[i]);
+          kr[i] = kvq::half_t(k[i]).to_float();
+          vr[i] = kvq::half_t(v[i]).to_float();
+        }
+  const std::int32_t q_indptr[3] = {0, 1, 2}, kv_indptr[3] = {0, 45, 115};
+  std::vector<float> paged(q.size(), kvq::test::kPoison), ragged(q.size(), kvq::test::kPoison);
+  kvq::DecodeParams<float, float> p{q.data(), q_indptr, hq, nullptr, 0.f, false, paged.data(), nullptr};
+  const kvq::PageTableView table{indptr, indices, last, 2, P};
+  ASSERT_TRUE(kvq::dense_paged_attention<D>(pool.data(), 8, layout, table, p).ok());
+  p.out = ragged.data();
+  ASSERT_TRUE((kvq::dense_attention<D>(kr.data(), vr.data(), kv_indptr, 2, hkv, p).ok()));
+  EXPECT_EQ(paged, ragged);
+}
+
+}  // namespace
