@@ -1,0 +1,109 @@
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "common/paged_case.hpp"
+#include "kvq/cache/append.hpp"
+
+namespace {
+
+using kvq::test::kPoisonByte;
+using kvq::test::make_paged_case;
+
+// Byte ranges of one token slot of every head in a page.
+template <kvq::Policy P>
+std::vector<std::pair<std::size_t, std::size_t>> slot_ranges(const kvq::PageLayout<P>& L, int slot) {
+  std::vector<std::pair<std::size_t, std::size_t>> r;
+  for (int h = 0; h < L.num_kv_heads; ++h) {
+    r.push_back({L.key_codes_offset(h) + slot * L.kKeyCodeBytes, L.kKeyCodeBytes});
+    r.push_back({L.key_meta_offset(h) + slot * L.kKeyMetaBytes, L.kKeyMetaBytes});
+    r.push_back({L.value_codes_offset(h) + slot * L.kValueCodeBytes, L.kValueCodeBytes});
+    r.push_back({L.value_meta_offset(h) + slot * L.kValueMetaBytes, L.kValueMetaBytes});
+  }
+  return r;
+}
+
+TEST(Append, WritesExactlyItsSlotsAndNothingElse) {
+  constexpr auto P = kvq::presets::K4V2_HC;
+  auto c = make_paged_case<P>(1, 16, 3, 3, {40, 17}, {1, 1});
+  // Append only token 21 of sequence 0 and token 16 of sequence 1.
+  const std::int32_t bi[2] = {0, 1}, pos[2] = {21, 16};
+  std::vector<float> k, v;
+  for (int i = 0; i < 2; ++i) {
+    const std::size_t row = (std::size_t(c.kv_rows[bi[i]]) + pos[i]) * 3 * 128;
+    k.insert(k.end(), c.k.begin() + row, c.k.begin() + row + 3 * 128);
+    v.insert(v.end(), c.v.begin() + row, c.v.begin() + row + 3 * 128);
+  }
+  ASSERT_TRUE(kvq::append_kv<P>(c.cache(), c.table(), k.data(), v.data(), 2, bi, pos, c.params.view()).ok());
+  std::vector<bool> expected_written(c.pool.size(), false);
+  const auto L = c.layout();
+  for (int i = 0; i < 2; ++i) {
+    const std::size_t page = std::size_t(c.table().page_of(bi[i], pos[i])) * L.page_bytes();
+    for (auto [off, n] : slot_ranges(L, pos[i] % 16))
+      for (std::size_t j = 0; j < n; ++j) expected_written[page + off + j] = true;
+  }
+  std::size_t written = 0;
+  for (std::size_t j = 0; j < c.pool.size(); ++j) {
+    if (!expected_written[j]) ASSERT_EQ(c.pool[j], kPoisonByte) << "byte " << j << " outside the slots changed";
+    written += c.pool[j] != kPoisonByte;
+  }
+  EXPECT_GT(written, 2 * 3 * L.kBytesPerTokenHead / 2);  // the slots really were written
+}
+
+TEST(Append, HalfAndBfloatInputsQuantizeLikeTheirFp32Values) {
+  constexpr auto P = kvq::presets::K2V2_H;
+  auto c = make_paged_case<P>(2, 16, 2, 2, {20}, {1});
+  auto c16 = c, cbf = c;
+  std::vector<kvq::half_t> kh(c.k.size()), vh(c.v.size());
+  std::vector<kvq::bfloat16_t> kb(c.k.size()), vb(c.v.size());
+  for (std::size_t i = 0; i < c.k.size(); ++i) {
+    kh[i] = kvq::half_t(c.k[i]);
+    vh[i] = kvq::half_t(c.v[i]);
+    kb[i] = kvq::bfloat16_t(c.k[i]);
+    vb[i] = kvq::bfloat16_t(c.v[i]);
+  }
+  std::vector<std::int32_t> bi(20, 0), pos(20);
+  for (int i = 0; i < 20; ++i) pos[i] = i;
+  ASSERT_TRUE(kvq::append_kv<P>(c16.cache(), c.table(), kh.data(), vh.data(), 20, bi.data(), pos.data()).ok());
+  ASSERT_TRUE(kvq::append_kv<P>(cbf.cache(), c.table(), kb.data(), vb.data(), 20, bi.data(), pos.data()).ok());
+  for (std::size_t i = 0; i < c.k.size(); ++i) c.k[i] = kh[i].to_float(), c.v[i] = vh[i].to_float();
+  auto cf = c;
+  ASSERT_TRUE(cf.append_all(3).ok());
+  EXPECT_EQ(c16.pool, cf.pool);
+  for (std::size_t i = 0; i < c.k.size(); ++i) c.k[i] = kb[i].to_float(), c.v[i] = vb[i].to_float();
+  ASSERT_TRUE(c.append_all(4).ok());
+  EXPECT_EQ(cbf.pool, c.pool);
+}
+
+TEST(Append, BadRequestsAreRejectedBeforeAnyWrite) {
+  constexpr auto P = kvq::presets::K4V2_R;
+  auto c = make_paged_case<P>(5, 16, 2, 2, {20}, {1});
+  const auto before = c.pool;
+  const std::vector<float> k(4 * 2 * 128, 1.f);
+  std::int32_t bi[4] = {0, 0, 0, 0}, pos[4] = {0, 1, 2, 3};
+  auto expect = [&](kvq::Status s, kvq::StatusCode code, const char* needle) {
+    EXPECT_EQ(s.code(), code) << s.to_string();
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+    EXPECT_EQ(c.pool, before);
+  };
+  pos[3] = 20;  // == seq_len: the page table was not grown
+  expect(kvq::append_kv<P>(c.cache(), c.table(), k.data(), k.data(), 4, bi, pos, c.params.view()),
+         kvq::StatusCode::out_of_range, "grow the page table first");
+  pos[3] = 3;
+  bi[2] = 1;
+  expect(kvq::append_kv<P>(c.cache(), c.table(), k.data(), k.data(), 4, bi, pos, c.params.view()),
+         kvq::StatusCode::out_of_range, "batch_indices[2]");
+  bi[2] = 0;
+  expect(kvq::append_kv<P>(c.cache(), c.table(), k.data(), k.data(), 4, bi, pos, {}), kvq::StatusCode::invalid_argument,
+         "key_mean");
+  auto small = c.cache();
+  small.num_pages = 1;  // the table points past the pool
+  expect(kvq::append_kv<P>(small, c.table(), k.data(), k.data(), 4, bi, pos, c.params.view()),
+         kvq::StatusCode::out_of_range, "outside the pool");
+  expect(kvq::append_kv<P>(c.cache(), c.table(), k.data(), static_cast<const float*>(nullptr), 4, bi, pos,
+                           c.params.view()),
+         kvq::StatusCode::invalid_argument, "must not be null");
+  EXPECT_TRUE(kvq::append_kv<P>(c.cache(), c.table(), k.data(), k.data(), 0, bi, pos, c.params.view()).ok());
+}
+
+}  // namespace
