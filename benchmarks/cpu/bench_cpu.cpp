@@ -1,0 +1,186 @@
+// CPU benchmarks (DESIGN §9): quantized decode attention versus an fp16 paged cache
+// attention of the same engineering (same online-softmax driver, same GQA sharing),
+// the packed bytes versus a measured read bandwidth, quantize-append versus a plain
+// copy of the same tokens, and the FWHT.
+//
+// Counters: GB/s of cache bytes read (packed codes + metadata, or fp16 rows), tokens/s
+// (token·KV-head pairs per second), and for the roofline benchmark the read bandwidth.
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kvq/kvq.hpp"
+
+namespace {
+
+constexpr int kHeadDim = 128, kKvHeads = 2, kQoHeads = 8, kPage = 16;  // GQA 4
+
+std::vector<float> normal(std::size_t n, std::uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+struct Table {
+  std::vector<std::int32_t> indptr, indices, last;
+  explicit Table(int tokens) {
+    const int pages = (tokens + kPage - 1) / kPage;
+    indptr = {0, pages};
+    indices.resize(pages);
+    std::iota(indices.begin(), indices.end(), 0);
+    last = {tokens - (pages - 1) * kPage};
+  }
+  kvq::PageTableView view() const { return {indptr.data(), indices.data(), last.data(), 1, kPage}; }
+  int pages() const { return indptr[1]; }
+};
+
+template <kvq::Policy P>
+void BM_DecodeQuantized(benchmark::State& state) {
+  const int tokens = int(state.range(0));
+  Table t(tokens);
+  const kvq::PageLayout<P> layout{kPage, kKvHeads};
+  std::vector<std::byte> pool(layout.page_bytes() * t.pages());
+  kvq::LayerParams params;
+  if (P.key.centered) params.key_mean.assign(kKvHeads * kHeadDim, 0.1f);
+  {
+    const auto k = normal(std::size_t(tokens) * kKvHeads * kHeadDim, 1), v = normal(k.size(), 2);
+    std::vector<std::int32_t> bi(tokens, 0), pos(tokens);
+    std::iota(pos.begin(), pos.end(), 0);
+    kvq::throw_if_error(kvq::append_kv<P>(kvq::PagedCacheView<P>{pool.data(), t.pages(), layout}, t.view(), k.data(),
+                                          v.data(), tokens, bi.data(), pos.data(), params.view()));
+  }
+  const auto q = normal(kQoHeads * kHeadDim, 3);
+  std::vector<float> out(q.size()), lse(kQoHeads);
+  const std::int32_t q_indptr[2] = {0, 1};
+  const kvq::DecodeParams<float, float> p{q.data(), q_indptr, kQoHeads, nullptr, 0.f, false, out.data(), lse.data()};
+  const kvq::ConstPagedCacheView<P> cache{pool.data(), t.pages(), layout};
+  for (auto _ : state) {
+    kvq::throw_if_error(kvq::decode_attention<P>(cache, t.view(), p, params.view()));
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double bytes = double(tokens) * kKvHeads * kvq::PageLayout<P>::kBytesPerTokenHead;
+  state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tok*head/s"] = benchmark::Counter(double(tokens) * kKvHeads, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes/tok*head"] = double(kvq::PageLayout<P>::kBytesPerTokenHead);
+}
+
+// The baseline: the same decode over an fp16 paged cache.
+void BM_DecodeFp16(benchmark::State& state) {
+  const int tokens = int(state.range(0));
+  Table t(tokens);
+  const kvq::DensePageLayout<kvq::half_t, kHeadDim> layout{kPage, kKvHeads};
+  std::vector<std::byte> pool(layout.page_bytes() * t.pages());
+  const auto k = normal(std::size_t(tokens) * kKvHeads * kHeadDim, 1), v = normal(k.size(), 2);
+  for (int tok = 0; tok < tokens; ++tok)
+    for (int h = 0; h < kKvHeads; ++h)
+      for (int d = 0; d < kHeadDim; ++d) {
+        std::byte* page = pool.data() + layout.page_bytes() * (tok / kPage);
+        layout.key_row(page, h, tok % kPage)[d] = kvq::half_t(k[(std::size_t(tok) * kKvHeads + h) * kHeadDim + d]);
+        layout.value_row(page, h, tok % kPage)[d] = kvq::half_t(v[(std::size_t(tok) * kKvHeads + h) * kHeadDim + d]);
+      }
+  const auto q = normal(kQoHeads * kHeadDim, 3);
+  std::vector<float> out(q.size()), lse(kQoHeads);
+  const std::int32_t q_indptr[2] = {0, 1};
+  const kvq::DecodeParams<float, float> p{q.data(), q_indptr, kQoHeads, nullptr, 0.f, false, out.data(), lse.data()};
+  for (auto _ : state) {
+    kvq::throw_if_error(kvq::dense_paged_attention<kHeadDim>(pool.data(), t.pages(), layout, t.view(), p));
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double bytes = double(tokens) * kKvHeads * kHeadDim * 2 * sizeof(kvq::half_t);
+  state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tok*head/s"] = benchmark::Counter(double(tokens) * kKvHeads, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes/tok*head"] = double(kHeadDim * 2 * sizeof(kvq::half_t));
+}
+
+// Memory roofline: one pass reading a buffer of `range(0)` bytes (sum of 64-bit words).
+void BM_ReadBandwidth(benchmark::State& state) {
+  std::vector<std::uint64_t> buf(std::size_t(state.range(0)) / 8, 1);
+  for (auto _ : state) {
+    std::uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (std::size_t i = 0; i + 4 <= buf.size(); i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
+    benchmark::DoNotOptimize(s0 + s1 + s2 + s3);
+  }
+  state.counters["GB/s"] = benchmark::Counter(double(state.range(0)) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <kvq::Policy P>
+void BM_AppendQuantized(benchmark::State& state) {
+  const int tokens = int(state.range(0));
+  Table t(tokens);
+  const kvq::PageLayout<P> layout{kPage, kKvHeads};
+  std::vector<std::byte> pool(layout.page_bytes() * t.pages());
+  const auto k = normal(std::size_t(tokens) * kKvHeads * kHeadDim, 1), v = normal(k.size(), 2);
+  std::vector<kvq::half_t> kh(k.size()), vh(v.size());
+  for (std::size_t i = 0; i < k.size(); ++i) kh[i] = kvq::half_t(k[i]), vh[i] = kvq::half_t(v[i]);
+  kvq::LayerParams params;
+  if (P.key.centered) params.key_mean.assign(kKvHeads * kHeadDim, 0.1f);
+  std::vector<float> identity(std::size_t(kKvHeads) * kHeadDim * kHeadDim, 0.f);
+  for (int h = 0; h < kKvHeads; ++h)
+    for (int i = 0; i < kHeadDim; ++i) identity[(std::size_t(h) * kHeadDim + i) * kHeadDim + i] = 1.f;
+  if (P.key.rotation == kvq::Rotation::dense) params.key_rotation = identity;  // costs a full d×d product
+  if (P.value.rotation == kvq::Rotation::dense) params.value_rotation = identity;
+  std::vector<std::int32_t> bi(tokens, 0), pos(tokens);
+  std::iota(pos.begin(), pos.end(), 0);
+  for (auto _ : state) {
+    kvq::throw_if_error(kvq::append_kv<P>(kvq::PagedCacheView<P>{pool.data(), t.pages(), layout}, t.view(), kh.data(),
+                                          vh.data(), tokens, bi.data(), pos.data(), params.view()));
+    benchmark::DoNotOptimize(pool.data());
+  }
+  state.counters["tok*head/s"] = benchmark::Counter(double(tokens) * kKvHeads, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Baseline for append: copying the same fp16 rows into fp16 pages.
+void BM_AppendFp16Copy(benchmark::State& state) {
+  const int tokens = int(state.range(0));
+  Table t(tokens);
+  const kvq::DensePageLayout<kvq::half_t, kHeadDim> layout{kPage, kKvHeads};
+  std::vector<std::byte> pool(layout.page_bytes() * t.pages());
+  std::vector<kvq::half_t> kh(std::size_t(tokens) * kKvHeads * kHeadDim), vh(kh.size());
+  for (auto _ : state) {
+    for (int tok = 0; tok < tokens; ++tok)
+      for (int h = 0; h < kKvHeads; ++h) {
+        std::byte* page = pool.data() + layout.page_bytes() * t.indices[tok / kPage];
+        const std::size_t row = (std::size_t(tok) * kKvHeads + h) * kHeadDim;
+        std::memcpy(layout.key_row(page, h, tok % kPage), kh.data() + row, kHeadDim * sizeof(kvq::half_t));
+        std::memcpy(layout.value_row(page, h, tok % kPage), vh.data() + row, kHeadDim * sizeof(kvq::half_t));
+      }
+    benchmark::DoNotOptimize(pool.data());
+  }
+  state.counters["tok*head/s"] = benchmark::Counter(double(tokens) * kKvHeads, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <int D>
+void BM_Fwht(benchmark::State& state) {
+  auto x = normal(D, 5);
+  for (auto _ : state) {
+    kvq::hadamard_forward<D>(x.data());
+    benchmark::DoNotOptimize(x.data());
+  }
+  state.counters["rows/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+#define KVQ_CONTEXTS ->Arg(1024)->Arg(4096)->Arg(16384)->Arg(32768)->Unit(benchmark::kMicrosecond)
+BENCHMARK(BM_DecodeFp16) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K8V8>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V4>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V4>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V2>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2_HC>) KVQ_CONTEXTS;
+BENCHMARK(BM_ReadBandwidth)->Arg(64 << 20)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AppendFp16Copy)->Arg(4096)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2>)->Arg(4096)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AppendQuantized<kvq::presets::K2V2_HC>)->Arg(4096)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_R.with_clip(1000, 1000)>)->Arg(4096)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Fwht<64>);
+BENCHMARK(BM_Fwht<128>);
+BENCHMARK(BM_Fwht<256>);
+
+}  // namespace
+
+BENCHMARK_MAIN();
