@@ -9,6 +9,7 @@
 #include "kvq/cuda/kernel/decode.cuh"
 #include "kvq/cuda/kernel/rows.cuh"
 #include "kvq/cuda/launch/api.hpp"
+#include "kvq/cuda/launch/dispatch.hpp"
 #include "kvq/cuda/launch/launch.cuh"
 #include "kvq/cuda/launch/plan.hpp"
 #include "kvq/cuda/warp/copy.cuh"

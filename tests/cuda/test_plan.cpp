@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvq/cuda/launch/api.hpp"
+#include "kvq/cuda/launch/dispatch.hpp"
 #include "kvq/cuda/launch/plan.hpp"
 
 namespace {
@@ -248,6 +249,47 @@ TEST(CudaValidate, DenseDecode) {
   EXPECT_TRUE(validate(a, plan).ok());
   a.layout.page_size = 8;
   EXPECT_FALSE(validate(a, plan).ok());
+}
+
+// ---- dispatch over an instantiation list ---------------------------------------------
+
+// The shape of what kvq_add_instantiations() generates.
+#define TEST_INSTANTIATIONS(X)                                                  \
+  X(K4V2_d128_half, ((kvq::presets::K4V2).with_head_dim(128)), kvq::half_t)     \
+  X(K2V2_HC_d64_bf16, ((kvq::presets::K2V2_HC).with_head_dim(64)), kvq::bfloat16_t)
+
+TEST(CudaDispatch, PicksTheInstantiatedEntry) {
+  int calls = 0;
+  Policy seen{};
+  DType seen_t = DType::f32;
+  auto f = [&]<Policy P, class T>() -> Status {
+    ++calls;
+    seen = P;
+    seen_t = dtype_of<T>();
+    return {};
+  };
+  const Status ok = KVQ_CUDA_DISPATCH(TEST_INSTANTIATIONS, presets::K2V2_HC.with_head_dim(64), DType::bf16, f);
+  EXPECT_TRUE(ok.ok());
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(seen == presets::K2V2_HC.with_head_dim(64));
+  EXPECT_EQ(seen_t, DType::bf16);
+
+  // The lambda's own status is returned.
+  const Status s = KVQ_CUDA_DISPATCH(TEST_INSTANTIATIONS, presets::K4V2, DType::f16,
+                                     [&]<Policy P, class T>() -> Status { return {StatusCode::cuda_error, "x"}; });
+  EXPECT_EQ(s.code(), StatusCode::cuda_error);
+}
+
+TEST(CudaDispatch, NamesWhatIsAvailable) {
+  auto f = []<Policy P, class T>() -> Status { return {}; };
+  const Status wrong_dtype = KVQ_CUDA_DISPATCH(TEST_INSTANTIATIONS, presets::K4V2, DType::bf16, f);
+  EXPECT_EQ(wrong_dtype.code(), StatusCode::unsupported);
+  EXPECT_NE(wrong_dtype.message().find("available: K4V2_d128_half, K2V2_HC_d64_bf16"), std::string::npos)
+      << wrong_dtype.message();
+  const Status wrong_dim = KVQ_CUDA_DISPATCH(TEST_INSTANTIATIONS, presets::K4V2.with_head_dim(64), DType::f16, f);
+  EXPECT_NE(wrong_dim.message().find("d 64"), std::string::npos) << wrong_dim.message();
+  const Status wrong_clip = KVQ_CUDA_DISPATCH(TEST_INSTANTIATIONS, presets::K4V2.with_clip(960, 1000), DType::f16, f);
+  EXPECT_NE(wrong_clip.message().find("clip960"), std::string::npos) << wrong_clip.message();
 }
 
 }  // namespace
