@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# kvq developer entry point; the README's two commands call it.
+#
+#   .ci/kvq.sh main   build and run the main job (policy comparison on the embedded default)
+#   .ci/kvq.sh test   build everything (CUDA when nvcc is found) and run the whole test suite
+#   .ci/kvq.sh asan   CPU tests under ASan+UBSan
+#   .ci/kvq.sh fuzz   bounded libFuzzer runs of the file readers (needs clang)
+#
+# Missing Debian packages are installed first (as root, via apt-get).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${KVQ_JOBS:-$(nproc)}
+
+deps() {
+  local pkgs=(build-essential cmake pkg-config libgtest-dev libgmock-dev libbenchmark-dev libeigen3-dev
+              nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev clang libclang-rt-dev python3 unzip)
+  local missing=()
+  for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if ((${#missing[@]})); then
+    echo "kvq: installing ${missing[*]}"
+    local sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+  fi
+  # nvcc is optional; make a toolkit in the usual place visible.
+  if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+}
+
+build() {  # build <preset> [targets...]
+  local preset=$1; shift
+  cmake --preset "$preset" >/dev/null
+  if (($#)); then cmake --build --preset "$preset" -j "$JOBS" --target "$@"
+  else cmake --build --preset "$preset" -j "$JOBS"; fi
+}
+
+case "${1:-}" in
+  main)
+    deps
+    build cpu kvq_quickstart
+    ./build/cpu/examples/kvq_quickstart "${@:2}"
+    ;;
+  test)
+    deps
+    build default
+    ctest --preset default -j "$JOBS"
+    ;;
+  asan)
+    deps
+    build asan
+    ctest --preset asan -j "$JOBS" -E '^package\.'
+    ;;
+  fuzz)
+    deps
+    build cpu kvq_fuzz_gguf
+    secs=${KVQ_FUZZ_SECONDS:-60}
+    mkdir -p build/fuzz/gguf
+    ./build/cpu/tests/io/kvq_fuzz_gguf -max_total_time="$secs" -rss_limit_mb=2048 build/fuzz/gguf
+    ;;
+  *)
+    sed -n '2,10p' "$0"
+    exit 2
+    ;;
+esac

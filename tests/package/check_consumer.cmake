@@ -1,0 +1,22 @@
+# Installs kvq from BUILD_DIR into a scratch prefix, then builds and runs the consumer
+# project twice: through find_package(kvq) and through add_subdirectory.
+set(work ${WORK_DIR})
+file(REMOVE_RECURSE ${work})
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed: ${ARGN}\n${out}\n${err}")
+  endif()
+endfunction()
+run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${work}/prefix)
+foreach(mode find_package add_subdirectory)
+  set(extra -DCMAKE_PREFIX_PATH=${work}/prefix)
+  if(mode STREQUAL "add_subdirectory")
+    set(extra -DKVQ_SOURCE_DIR=${SOURCE_DIR} -DKVQ_ENABLE_CUDA=OFF)
+  endif()
+  run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${work}/${mode} -DCMAKE_BUILD_TYPE=Release
+      -DCMAKE_CXX_COMPILER=${CXX} ${extra})
+  run(${CMAKE_COMMAND} --build ${work}/${mode})
+  run(${work}/${mode}/consumer)
+  message(STATUS "consumer via ${mode}: ok")
+endforeach()
