@@ -167,7 +167,7 @@ void BM_Decode(benchmark::State& state) {
   a.table = tab.view;
   if (!setup_decode(dev, a, batch, ctx)) return state.SkipWithError("setup failed");
   Status st;
-  time_loop(state, [&] { st = cuda::decode_attention(a, nullptr); });
+  time_loop(state, [&] { (void)(st = cuda::decode_attention(a, nullptr)); });
   if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
   set_decode_counters(state, batch, ctx, PageLayout<P>::kBytesPerTokenHead, a.num_splits);
 }
@@ -188,7 +188,7 @@ void BM_DecodeBF16(benchmark::State& state) {
   a.table = tab.view;
   if (!setup_decode(dev, a, batch, ctx)) return state.SkipWithError("setup failed");
   Status st;
-  time_loop(state, [&] { st = cuda::dense_decode_attention(a, nullptr); });
+  time_loop(state, [&] { (void)(st = cuda::dense_decode_attention(a, nullptr)); });
   if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
   set_decode_counters(state, batch, ctx, 2 * kD * sizeof(T), a.num_splits);
 }
@@ -219,7 +219,7 @@ void BM_Append(benchmark::State& state) {
   a.batch_indices = bi;
   a.positions = pos;
   Status st;
-  time_loop(state, [&] { st = cuda::append_kv(a, nullptr); });
+  time_loop(state, [&] { (void)(st = cuda::append_kv(a, nullptr)); });
   if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
   state.counters["Mtok/s"] = benchmark::Counter(tokens / 1e6, benchmark::Counter::kIsIterationInvariantRate);
 }
