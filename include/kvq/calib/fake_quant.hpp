@@ -3,11 +3,13 @@
 // Calibration chooses bits, group, clip and metadata dtype at run time (from a
 // Policy value or a CLI flag), while kvq::quantize_group<S> takes them as template
 // arguments. This wrapper walks the same control flow as quantize_group and calls
-// the very same scalar primitives (kth_smallest_abs, quantize_value,
-// dequantize_value, MetaTraits), so the dequantized values are bit-identical to
-// what the cache stores; tests/calib checks that against quantize_group<S>.
+// the very same scalar primitives (quantize_value, dequantize_value, MetaTraits; the
+// clip threshold is the same order statistic, selected in O(G)), so the dequantized
+// values are bit-identical to what the cache stores; tests/calib checks that against
+// quantize_group<S>.
 #pragma once
 
+#include <algorithm>
 #include <span>
 #include <string>
 
@@ -47,10 +49,11 @@ inline void check_spec(const QuantSpec& s, int d) {
     throw Error(StatusCode::invalid_argument, "calib: clip_permille must be in [1, 1000]");
 }
 
-// Quantize then dequantize one group in place semantics: out[i] = x̂_i.
+// Quantizes then dequantizes one group: out[i] = x̂_i.
 //   x, out : [s.group] fp32 (may alias)
 inline void fake_quant_group(const QuantSpec& s, const float* x, float* out) {
   const int G = s.group;
+  if (G <= 0 || G > 256) throw Error(StatusCode::invalid_argument, "calib: group must be in [1, 256]");
   const int levels = (1 << s.bits) - 1;
   bool finite = true;
   for (int i = 0; i < G; ++i) finite = finite && is_finite_f(x[i]);
@@ -61,7 +64,15 @@ inline void fake_quant_group(const QuantSpec& s, const float* x, float* out) {
   }
   const int rank = clip_rank(G, s.clip_permille);
   const bool clip = s.clips() && rank < G - 1;
-  const float t = clip ? kth_smallest_abs(x, G, rank) : 0.f;
+  // The k-th smallest |x| is a unique value, so selection by nth_element (O(G)) gives
+  // exactly what the O(G²) rank counting of kth_smallest_abs gives.
+  float t = 0.f;
+  if (clip) {
+    float a[256];
+    for (int i = 0; i < G; ++i) a[i] = x[i] < 0.f ? -x[i] : x[i];
+    std::nth_element(a, a + rank, a + G);
+    t = a[rank];
+  }
   auto clipped = [&](int i) {
     float v = x[i];
     if (clip) v = v > t ? t : (v < -t ? -t : v);

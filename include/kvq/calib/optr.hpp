@@ -169,12 +169,19 @@ struct RotatedQuant {
 
 // K phase of one head: mean over query heads j and query positions of
 // KL(p ‖ p̃) + λ·mean_D((p̃ − p)·V·W_jᵀ)², values exact.
+//
+// Only the m quantized key columns change with R, so everything the exact columns
+// contribute is precomputed once per (sequence, query head): their log-sum-exp
+// reference, Σ exp(z − c)·v, and the p-weighted terms of the KL. A step then costs
+// O(nq·m·d) instead of O(nq·len·d).
 class KPhase {
  public:
   KPhase(const HeadData& hd, const VecD& mu, const QuantSpec& spec, const OptRConfig& cfg)
-      : hd_(hd), mu_(mu), spec_(spec), cfg_(cfg) {
+      : mu_(mu), spec_(spec), cfg_(cfg) {
     d_ = hd.head_dim();
     check_spec(spec, d_);
+    if (hd.Q.empty() || hd.W.size() != hd.Q.size())
+      throw Error(StatusCode::invalid_argument, "calib: a KV head needs its query heads and W_O slices");
     tau_ = cfg.tau > 0 ? cfg.tau : 1.0 / std::sqrt(static_cast<double>(d_));
     win_ = detail::make_windows(hd, cfg, &nq_total_, &m_);
     if (m_ == 0)
@@ -185,25 +192,11 @@ class KPhase {
     D_ = static_cast<double>(hd.W[0].rows());
     Kc_ = detail::gather_quantized(hd.K, win_, m_);
     Kc_.rowwise() -= mu.transpose();
+    Vq_ = detail::gather_quantized(hd.V, win_, m_);
     M_.resize(g_);
     for (int j = 0; j < g_; ++j) M_[j] = hd.W[j].transpose() * hd.W[j];
-    // Exact logits, probabilities and p·V per (sequence, query head): fixed for the phase.
-    for (const detail::SeqWin& s : win_) {
-      for (int j = 0; j < g_; ++j) {
-        Exact e;
-        e.Qw = hd.Q[j].middleRows(s.begin + s.len - s.nq, s.nq);
-        e.Z = tau_ * e.Qw * hd.K.middleRows(s.begin, s.len).transpose();
-        e.logp = e.Z;
-        for (int i = 0; i < s.nq; ++i) detail::log_softmax_head(e.logp.row(i), visible(s, i));
-        e.p = MatD::Zero(s.nq, s.len);
-        for (int i = 0; i < s.nq; ++i) {
-          const int n = visible(s, i);
-          e.p.row(i).head(n) = e.logp.row(i).head(n).array().exp();
-        }
-        e.pV = e.p * hd.V.middleRows(s.begin, s.len);
-        exact_.push_back(std::move(e));
-      }
-    }
+    for (const detail::SeqWin& s : win_)
+      for (int j = 0; j < g_; ++j) exact_.push_back(precompute(hd, s, j));
   }
 
   int quantized_rows() const { return m_; }
@@ -224,30 +217,21 @@ class KPhase {
     std::size_t e_idx = 0;
     for (const detail::SeqWin& s : win_) {
       const int m = s.qe - s.qb;
-      const MatD Vs = hd_.V.middleRows(s.begin, s.len);
       for (int j = 0; j < g_; ++j, ++e_idx) {
         const Exact& e = exact_[e_idx];
-        MatD lq = e.Z;  // log p̃
-        if (m > 0) lq.middleCols(s.qb, m) = tau_ * e.Qw * Khat.middleRows(s.qrow, m).transpose();
-        MatD pq = MatD::Zero(s.nq, s.len);
-        double kl = 0;
-        for (int i = 0; i < s.nq; ++i) {
-          const int n = visible(s, i);
-          detail::log_softmax_head(lq.row(i), n);
-          pq.row(i).head(n) = lq.row(i).head(n).array().exp();
-          kl += (e.p.row(i).head(n).array() * (e.logp.row(i).head(n) - lq.row(i).head(n)).array()).sum();
-        }
-        const MatD A = pq * Vs - e.pV;  // (p̃ − p)·V   [nq, d]
+        const Attn at = attend(e, s, Khat.middleRows(s.qrow, m));
+        const MatD A = at.pV - e.pV;  // (p̃ − p)·V   [nq, d]
         const MatD AM = A * M_[j];
+        const double kl = (e.h - (e.Pq.array() * at.Zq.array()).rowwise().sum().matrix() + at.lse).sum();
         total += wq * kl + wshift * (AM.array() * A.array()).sum();
         if (dLdR && m > 0) {
-          // ∂/∂p̃ of the shift term: 2·wshift·(A·M)·Vᵀ; softmax backward; KL gives p̃ − p.
-          const MatD gp = (2.0 * wshift) * AM * Vs.transpose();  // [nq, len]
-          MatD dz = wq * (pq - e.p);
-          const VecD dot = (pq.array() * gp.array()).rowwise().sum();
-          dz.array() += pq.array() * (gp.colwise() - dot).array();
-          for (int i = 0; i < s.nq; ++i) dz.row(i).tail(s.len - visible(s, i)).setZero();
-          GK.middleRows(s.qrow, m).noalias() += tau_ * dz.middleCols(s.qb, m).transpose() * e.Qw;
+          // ∂/∂z̃_q: KL gives wq·(p̃ − p); the shift term gives p̃⊙(G·vᵀ − G·(p̃V)) with
+          // G = 2·wshift·A·M (softmax backward).
+          const MatD G = (2.0 * wshift) * AM;
+          const VecD dot = (G.array() * at.pV.array()).rowwise().sum();
+          const MatD gp = G * Vq_.middleRows(s.qrow, m).transpose();  // [nq, m]
+          const MatD dz = wq * (at.Pq - e.Pq) + (at.Pq.array() * (gp.colwise() - dot).array()).matrix();
+          GK.middleRows(s.qrow, m).noalias() += tau_ * dz.transpose() * e.Qw;
         }
       }
     }
@@ -256,28 +240,16 @@ class KPhase {
   }
 
   // p̃ restricted to the quantized columns under R_K, one [nq, m] block per
-  // (sequence, query head) in the order sequence-major: what the V phase weighs ΔV by.
+  // (sequence, query head), sequence-major: what the V phase weighs ΔV by.
   std::vector<MatD> quantized_probs(const MatD& R) const {
     const RotatedQuant rq = RotatedQuant::forward(Kc_, R, spec_);
     MatD Khat = rq.recon;
     Khat.rowwise() += mu_.transpose();
     std::vector<MatD> out;
     std::size_t e_idx = 0;
-    for (const detail::SeqWin& s : win_) {
-      const int m = s.qe - s.qb;
-      for (int j = 0; j < g_; ++j, ++e_idx) {
-        const Exact& e = exact_[e_idx];
-        MatD lq = e.Z;
-        if (m > 0) lq.middleCols(s.qb, m) = tau_ * e.Qw * Khat.middleRows(s.qrow, m).transpose();
-        MatD pq = MatD::Zero(s.nq, m);
-        for (int i = 0; i < s.nq; ++i) {
-          const int n = visible(s, i);
-          detail::log_softmax_head(lq.row(i), n);
-          for (int c = 0; c < m && s.qb + c < n; ++c) pq(i, c) = std::exp(lq(i, s.qb + c));
-        }
-        out.push_back(std::move(pq));
-      }
-    }
+    for (const detail::SeqWin& s : win_)
+      for (int j = 0; j < g_; ++j, ++e_idx)
+        out.push_back(attend(exact_[e_idx], s, Khat.middleRows(s.qrow, s.qe - s.qb)).Pq);
     return out;
   }
 
@@ -285,20 +257,110 @@ class KPhase {
   int query_total() const { return nq_total_; }
 
  private:
+  // What the exact columns contribute, per (sequence, query head). Row i is query
+  // position len − nq + i; it sees tokens [0, len − nq + i].
   struct Exact {
-    MatD Qw, Z, logp, p, pV;
+    MatD Qw;    // [nq, d] queries
+    VecD c;     // [nq] max exact visible logit (0 when none is visible)
+    VecD sx;    // [nq] Σ_exact exp(z − c)
+    MatD Ex;    // [nq, d] Σ_exact exp(z − c)·v
+    VecD h;     // [nq] Σ p·log p − Σ_exact p·z
+    MatD Pq;    // [nq, m] exact p on the quantized columns (0 where masked)
+    MatD pV;    // [nq, d] exact p·V
+    MatD mask;  // [nq, m] 1 where the quantized column is visible
   };
-  // Query i of sequence s (position len − nq + i) sees tokens [0, len − nq + i].
+  struct Attn {
+    MatD Zq;   // [nq, m] quantized-key logits (0 where masked)
+    MatD Pq;   // [nq, m] p̃ on quantized columns (0 where masked)
+    VecD lse;  // [nq] log-normalizer of p̃
+    MatD pV;   // [nq, d] p̃·V
+  };
+
   static int visible(const detail::SeqWin& s, int i) { return s.len - s.nq + i + 1; }
 
-  const HeadData& hd_;
+  Exact precompute(const HeadData& hd, const detail::SeqWin& s, int j) const {
+    Exact e;
+    const int m = s.qe - s.qb;
+    e.Qw = hd.Q[j].middleRows(s.begin + s.len - s.nq, s.nq);
+    const MatD Ks = hd.K.middleRows(s.begin, s.len), Vs = hd.V.middleRows(s.begin, s.len);
+    const MatD Z = tau_ * e.Qw * Ks.transpose();  // [nq, len]
+    e.c = VecD::Zero(s.nq);
+    e.sx = VecD::Zero(s.nq);
+    e.h = VecD::Zero(s.nq);
+    e.Ex = MatD::Zero(s.nq, d_);
+    e.Pq = MatD::Zero(s.nq, m);
+    e.mask = MatD::Zero(s.nq, m);
+    const MatD P = [&] {
+      MatD p = MatD::Zero(s.nq, s.len);
+      for (int i = 0; i < s.nq; ++i) {
+        const int n = visible(s, i);
+        const double mx = Z.row(i).head(n).maxCoeff();
+        p.row(i).head(n) = (Z.row(i).head(n).array() - mx).exp();
+        p.row(i) /= p.row(i).sum();
+      }
+      return p;
+    }();
+    e.pV = P * Vs;
+    for (int i = 0; i < s.nq; ++i) {
+      const int n = visible(s, i);
+      double c = -std::numeric_limits<double>::infinity();
+      for (int t = 0; t < n; ++t)
+        if (t < s.qb || t >= s.qe) c = std::max(c, Z(i, t));
+      if (!std::isfinite(c)) c = 0;  // no exact column visible: sx stays 0
+      e.c[i] = c;
+      for (int t = 0; t < n; ++t) {
+        const double pl = P(i, t) > 0 ? P(i, t) * std::log(P(i, t)) : 0.0;
+        e.h[i] += pl;
+        if (t >= s.qb && t < s.qe) {
+          e.Pq(i, t - s.qb) = P(i, t);
+          e.mask(i, t - s.qb) = 1;
+        } else {
+          const double w = std::exp(Z(i, t) - c);
+          e.sx[i] += w;
+          e.Ex.row(i) += w * Vs.row(t);
+          e.h[i] -= P(i, t) * Z(i, t);
+        }
+      }
+    }
+    return e;
+  }
+
+  // Attention with the quantized keys Khat_q [m, d] in the quantized columns.
+  Attn attend(const Exact& e, const detail::SeqWin& s, const Eigen::Ref<const MatD>& Khat_q) const {
+    const int m = s.qe - s.qb;
+    Attn a;
+    a.Zq = m > 0 ? MatD(tau_ * e.Qw * Khat_q.transpose()) : MatD::Zero(s.nq, 0);
+    a.Pq = MatD::Zero(s.nq, m);
+    a.lse = VecD::Zero(s.nq);
+    a.pV = MatD::Zero(s.nq, d_);
+    for (int i = 0; i < s.nq; ++i) {
+      const bool has_exact = e.sx[i] > 0;
+      double mx = has_exact ? e.c[i] : -std::numeric_limits<double>::infinity();
+      for (int t = 0; t < m; ++t)
+        if (e.mask(i, t) > 0) mx = std::max(mx, a.Zq(i, t));
+      double total = has_exact ? e.sx[i] * std::exp(e.c[i] - mx) : 0.0;
+      for (int t = 0; t < m; ++t)
+        if (e.mask(i, t) > 0) {
+          a.Pq(i, t) = std::exp(a.Zq(i, t) - mx);
+          total += a.Pq(i, t);
+        } else {
+          a.Zq(i, t) = 0;
+        }
+      a.lse[i] = mx + std::log(total);
+      a.Pq.row(i) /= total;
+      if (has_exact) a.pV.row(i) = std::exp(e.c[i] - a.lse[i]) * e.Ex.row(i);
+    }
+    if (m > 0) a.pV.noalias() += a.Pq * Vq_.middleRows(s.qrow, m);
+    return a;
+  }
+
   VecD mu_;
   QuantSpec spec_;
   OptRConfig cfg_;
   int d_ = 0, g_ = 0, m_ = 0, nq_total_ = 0;
   double tau_ = 0, D_ = 1;
   std::vector<detail::SeqWin> win_;
-  MatD Kc_;
+  MatD Kc_, Vq_;  // [m, d] centered quantized keys, their values
   std::vector<MatD> M_;
   std::vector<Exact> exact_;
 };
