@@ -294,6 +294,7 @@ int cmd_generate(const std::string& model_path, const std::string& prompt, bool 
 struct CaptureArgs {
   std::string text, out, layers = "all", dtype = "f32";
   int seq_len = 512, seqs = 4, skip = 0;
+  bool save_ids = false;
 };
 
 int cmd_capture(const std::string& model_path, const CaptureArgs& a, const CacheArgs& ca) {
@@ -350,8 +351,10 @@ int cmd_capture(const std::string& model_path, const CaptureArgs& a, const Cache
     layer_list += (layer_list.empty() ? "" : ",") + std::to_string(l);
   }
   w.add("seq_offsets", kvq::io::DType::I64, {static_cast<std::int64_t>(offsets.size())}, offsets.data());
-  std::vector<std::int32_t> ids(all.begin() + a.skip, all.begin() + a.skip + Ltot);
-  w.add("token_ids", kvq::io::DType::I32, {Ltot}, ids.data());
+  if (a.save_ids) {  // off by default: ids reproduce the text, which may not be redistributable
+    std::vector<std::int32_t> ids(all.begin() + a.skip, all.begin() + a.skip + Ltot);
+    w.add("token_ids", kvq::io::DType::I32, {Ltot}, ids.data());
+  }
   w.set_metadata("format", "kvq.activations.v1");
   w.set_metadata("model", "SmolLM2-135M-Instruct.Q4_1.gguf");
   w.set_metadata("layers", layer_list);
@@ -439,6 +442,7 @@ int main(int argc, char** argv) {
   capc->add_option("--seqs", cpa.seqs, "number of sequences")->check(CLI::PositiveNumber);
   capc->add_option("--skip", cpa.skip, "tokens skipped at the start of the text")->check(CLI::NonNegativeNumber);
   capc->add_option("--dtype", cpa.dtype, "storage dtype: f32, f16 or bf16");
+  capc->add_flag("--save-ids", cpa.save_ids, "also store the token ids (I32 [L]) as 'token_ids'");
 
   std::string ids_arg, out;
   auto* lg = app.add_subcommand("logits", "logits of a prompt (for checking against a reference)");
