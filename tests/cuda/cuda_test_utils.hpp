@@ -50,15 +50,21 @@ class DeviceBuffer {
     if (ptr_) cudaFree(ptr_);
   }
   void upload(const std::vector<T>& h) {
-    if (n_) ASSERT_EQ(cudaMemcpy(ptr_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    if (n_) {
+      ASSERT_EQ(cudaMemcpy(ptr_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    }
   }
   std::vector<T> download() const {
     std::vector<T> h(n_);
-    if (n_) EXPECT_EQ(cudaMemcpy(h.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    if (n_) {
+      EXPECT_EQ(cudaMemcpy(h.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
     return h;
   }
   void fill_bytes(int byte) {
-    if (n_) ASSERT_EQ(cudaMemset(ptr_, byte, n_ * sizeof(T)), cudaSuccess);
+    if (n_) {
+      ASSERT_EQ(cudaMemset(ptr_, byte, n_ * sizeof(T)), cudaSuccess);
+    }
   }
   T* get() const { return ptr_; }
   std::size_t size() const { return n_; }
@@ -197,7 +203,7 @@ inline std::vector<float> random_orthogonal(int d, std::uint32_t seed) {
 }
 
 template <Policy P>
-void make_rotations(Rotations& r, int hkv, std::uint32_t seed) {
+void make_rotations_host(Rotations& r, int hkv, std::uint32_t seed) {
   constexpr int D = P.head_dim;
   auto rots = [&](std::uint32_t s) {
     std::vector<float> v;
@@ -211,6 +217,11 @@ void make_rotations(Rotations& r, int hkv, std::uint32_t seed) {
   if (P.key.rotation == Rotation::dense) r.key_rot = rots(seed + 2);
   if (P.value.centered) r.value_mean = normal(std::size_t(hkv) * D, seed + 3, 2.f);
   if (P.value.rotation == Rotation::dense) r.value_rot = rots(seed + 4);
+}
+
+template <Policy P>
+void make_rotations(Rotations& r, int hkv, std::uint32_t seed) {
+  make_rotations_host<P>(r, hkv, seed);
   r.d_key_mean = DeviceBuffer<float>(r.key_mean);
   r.d_key_rot = DeviceBuffer<float>(r.key_rot);
   r.d_value_mean = DeviceBuffer<float>(r.value_mean);

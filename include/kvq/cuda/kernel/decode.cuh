@@ -63,9 +63,8 @@ __device__ __forceinline__ float meta_fast(meta_storage_t<M> s) {
 template <ActivationType T>
 __device__ __forceinline__ float2 pair_to_float2(unsigned w) {
   if constexpr (std::is_same_v<T, half_t>) {
-    __half2 h;
-    memcpy(&h, &w, 4);
-    return __half22float2(h);
+    return make_float2(__half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu))),
+                       __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16))));
   } else {
     return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
   }
@@ -128,7 +127,7 @@ struct QuantSource {
     const uint4* chunks = reinterpret_cast<const uint4*>(kc);
     const auto* meta = reinterpret_cast<const meta_storage_t<P.key.meta>*>(km);
     const int lane = warp::lane_id();
-    float dot[R];
+    float dot[R] = {};
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       const uint4 v = chunks[c * 32 + lane];
@@ -353,7 +352,9 @@ __device__ __forceinline__ void stage_rows(std::byte* dst, int n, int my_page, i
   }
 }
 
+#ifndef KVQ_CUDA_HOST_EMULATION  // tests/cuda/emulator provides its own buffer
 extern __shared__ uint4 kvq_decode_smem[];
+#endif
 
 // KP = DecodeKernelParams<Src, QT, OT> (a type parameter: see rows.cuh on nvcc stubs).
 template <class KP, int R>
@@ -615,6 +616,27 @@ __global__ void __launch_bounds__(128) split_merge_kernel(KP a) {
   if (!empty && !a.p.rotated_output) a.src.finish(x, h, a.rotation, scratch[w]);
   warp::store_row<D>(a.p.out + item * D, x);
   if (lane == 0 && a.p.lse) a.p.lse[item] = empty ? neg_inf_f() : M + logf(L);
+}
+
+// Kernel parameters of one decode call (shared by the launchers and the host emulator).
+template <class Src, ActivationType QT, ActivationType OT>
+DecodeKernelParams<Src, QT, OT> make_decode_params(const Src& src, const PageTableView& table,
+                                                  const DecodeParams<QT, OT>& p, const RotationParams& r,
+                                                  int num_splits, const DecodePlan& plan, int total_q, void* workspace,
+                                                  unsigned* error_flags) {
+  DecodeKernelParams<Src, QT, OT> kp{};
+  kp.src = src;
+  kp.table = table;
+  kp.p = p;
+  kp.rotation = r;
+  kp.num_splits = num_splits;
+  kp.row_tiles = plan.row_tiles;
+  kp.total_q = total_q;
+  kp.tau = p.scale(Src::D);
+  kp.partial_o = static_cast<float*>(workspace);
+  kp.partial_lse = workspace ? reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.partial_o_bytes) : nullptr;
+  kp.error_flags = error_flags;
+  return kp;
 }
 
 }  // namespace kvq::cuda::kernel

@@ -59,7 +59,6 @@ __device__ __forceinline__ void quantize_row_warp(const float* row, std::byte* c
 template <class Args>
 __global__ void __launch_bounds__(kRowWarpsPerBlock * 32) append_kernel(Args a) {
   constexpr Policy P = Args::kPolicy;
-  using T = typename Args::value_type;
   constexpr int D = P.head_dim, E = D / 32;
   __shared__ float smem[kRowWarpsPerBlock][2][D];
   const int w = threadIdx.x / 32;
@@ -108,7 +107,6 @@ __device__ __forceinline__ void dequantize_fragment(const std::byte* codes, cons
 template <class Args>
 __global__ void __launch_bounds__(kRowWarpsPerBlock * 32) dequantize_kernel(Args a) {
   constexpr Policy P = Args::kPolicy;
-  using T = typename Args::value_type;
   constexpr int D = P.head_dim, E = D / 32;
   __shared__ float smem[kRowWarpsPerBlock][D];
   const int w = threadIdx.x / 32;
@@ -140,7 +138,6 @@ __global__ void __launch_bounds__(kRowWarpsPerBlock * 32) dequantize_kernel(Args
 template <class Args>
 __global__ void __launch_bounds__(kRowWarpsPerBlock * 32) rotate_kernel(Args a) {
   constexpr Policy P = Args::kPolicy;
-  using T = typename Args::value_type;
   constexpr int D = P.head_dim, E = D / 32;
   __shared__ float smem[kRowWarpsPerBlock][D];
   const int w = threadIdx.x / 32;

@@ -51,26 +51,6 @@ Status launch_decode(const kernel::DecodeKernelParams<Src, QT, OT>& kp, const De
   return {StatusCode::unsupported, "cuda attention: no kernel for " + std::to_string(plan.rows) + " rows per CTA"};
 }
 
-template <class Src, ActivationType QT, ActivationType OT>
-kernel::DecodeKernelParams<Src, QT, OT> decode_params(const Src& src, const PageTableView& table,
-                                                      const DecodeParams<QT, OT>& p, const RotationParams& r,
-                                                      int num_splits, const DecodePlan& plan, int total_q,
-                                                      void* workspace, unsigned* error_flags) {
-  kernel::DecodeKernelParams<Src, QT, OT> kp{};
-  kp.src = src;
-  kp.table = table;
-  kp.p = p;
-  kp.rotation = r;
-  kp.num_splits = num_splits;
-  kp.row_tiles = plan.row_tiles;
-  kp.total_q = total_q;
-  kp.tau = p.scale(Src::D);
-  kp.partial_o = static_cast<float*>(workspace);
-  kp.partial_lse = workspace ? reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.partial_o_bytes) : nullptr;
-  kp.error_flags = error_flags;
-  return kp;
-}
-
 }  // namespace detail
 
 template <Policy P, ActivationType T>
@@ -110,7 +90,7 @@ Status decode_attention(const DecodeArgs<P, QT, OT>& a, Stream stream) {
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
   const kernel::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
   return detail::launch_decode(
-      detail::decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan, a.total_q, a.workspace,
+      kernel::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan, a.total_q, a.workspace,
                             a.error_flags),
       plan, stream);
 }
@@ -121,7 +101,7 @@ Status dense_decode_attention(const DenseDecodeArgs<T, D, QT, OT>& a, Stream str
   KVQ_RETURN_IF_ERROR(validate(a, plan));
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
   const kernel::DenseSource<T, D> src{a.pool, a.num_pages, a.layout};
-  return detail::launch_decode(detail::decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan,
+  return detail::launch_decode(kernel::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan,
                                                      a.total_q, a.workspace, a.error_flags),
                                plan, stream);
 }

@@ -1,0 +1,133 @@
+// A host SIMT emulator for kvq's CUDA kernels: compiles the kernel headers with the
+// plain C++ compiler and runs every CUDA thread of a CTA as a std::thread, with warp
+// shuffles, ballots, __syncwarp and __syncthreads implemented by barriers. CTAs run one
+// after another, so static "__shared__" arrays are simply shared by the CTA's threads.
+//
+// It checks the kernels' index arithmetic, data flow and numerics (kvq's host-device
+// math is the same code on both sides) on machines without a GPU. It does not model
+// the memory system (cp.async takes its synchronous fallback path), timing or
+// occupancy. Include this before any kvq/cuda header.
+#pragma once
+
+#define KVQ_CUDA_HOST_EMULATION 1
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include <atomic>
+#include <barrier>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#undef __shared__
+#define __shared__ static
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+
+namespace kvq_emu {
+struct Warp {
+  std::barrier<> bar{32};
+  std::uint64_t slot[32] = {};
+};
+struct Cta {
+  explicit Cta(int threads) : bar(threads), warps(new Warp[(threads + 31) / 32]) {}
+  std::barrier<> bar;
+  std::unique_ptr<Warp[]> warps;
+};
+inline thread_local Cta* cta = nullptr;
+inline thread_local Warp* warp = nullptr;
+}  // namespace kvq_emu
+
+inline thread_local uint3 threadIdx;
+inline thread_local uint3 blockIdx;
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
+
+inline unsigned kvq_emu_lane() { return threadIdx.x & 31u; }
+
+template <class T>
+T kvq_emu_exchange(T v, int src) {
+  static_assert(sizeof(T) <= 8, "emulated shuffles move at most 8 bytes");
+  kvq_emu::Warp& w = *kvq_emu::warp;
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  w.slot[kvq_emu_lane()] = bits;
+  w.bar.arrive_and_wait();
+  const std::uint64_t r = w.slot[src & 31];
+  w.bar.arrive_and_wait();
+  T out;
+  std::memcpy(&out, &r, sizeof(T));
+  return out;
+}
+template <class T>
+T __shfl_sync(unsigned, T v, int src, int = 32) {
+  return kvq_emu_exchange(v, src);
+}
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int mask, int = 32) {
+  return kvq_emu_exchange(v, static_cast<int>(kvq_emu_lane()) ^ mask);
+}
+inline unsigned __ballot_sync(unsigned, int pred) {
+  kvq_emu::Warp& w = *kvq_emu::warp;
+  w.slot[kvq_emu_lane()] = pred ? 1u : 0u;
+  w.bar.arrive_and_wait();
+  unsigned m = 0;
+  for (int i = 0; i < 32; ++i) m |= static_cast<unsigned>(w.slot[i] != 0) << i;
+  w.bar.arrive_and_wait();
+  return m;
+}
+inline void __syncwarp(unsigned = 0xffffffffu) { kvq_emu::warp->bar.arrive_and_wait(); }
+inline void __syncthreads() { kvq_emu::cta->bar.arrive_and_wait(); }
+inline unsigned atomicOr(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_or(v); }
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+template <class T>
+T __ldg(const T* p) {
+  return *p;
+}
+
+// Dynamic shared memory of the decode kernel.
+namespace kvq::cuda::kernel {
+inline uint4 kvq_decode_smem[(256 * 1024) / 16];
+}
+
+namespace kvq_emu {
+// Runs body() as every thread of every CTA of the grid (CTAs one after another).
+template <class F>
+void launch(dim3 grid, dim3 block, F&& body) {
+  const int n = static_cast<int>(block.x * block.y * block.z);
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        Cta c(n);
+        std::vector<std::thread> threads;
+        threads.reserve(n);
+        for (int t = 0; t < n; ++t)
+          threads.emplace_back([&, t] {
+            threadIdx = make_uint3(static_cast<unsigned>(t), 0, 0);
+            blockIdx = make_uint3(x, y, z);
+            blockDim = block;
+            gridDim = grid;
+            cta = &c;
+            warp = &c.warps[t / 32];
+            body();
+            // A returned thread no longer takes part in barriers.
+            warp->bar.arrive_and_drop();
+            cta->bar.arrive_and_drop();
+          });
+        for (auto& th : threads) th.join();
+      }
+}
+}  // namespace kvq_emu

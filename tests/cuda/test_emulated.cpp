@@ -1,0 +1,328 @@
+// The CUDA kernels run on the host SIMT emulator (emulator/simt.hpp), compiled by the
+// plain C++ compiler: fused append / dequantize / rotate bit-identical to the CPU
+// reference, quantized and full-precision split-KV decode and merge_states within 1e-3.
+// This exercises the kernels' indexing, warp cooperation, split-KV bookkeeping and
+// numerics on every CI machine; the real-GPU tests (test_cuda_kernels) repeat the
+// checks on hardware. Shared memory is poisoned before each decode launch.
+#include "emulator/simt.hpp"
+
+#include "cuda_test_utils.hpp"
+#include "kvq/cuda/kernel/decode.cuh"
+#include "kvq/cuda/kernel/rows.cuh"
+
+namespace {
+
+using namespace kvq;
+using namespace kvq::test;
+namespace kern = kvq::cuda::kernel;
+
+dim3 to_dim3(cuda::Dim3 d) { return dim3(d.x, d.y, d.z); }
+
+template <class Args>
+void emu_rows(void (*k)(Args), const Args& a, long long items) {
+  if (items == 0) return;
+  kvq_emu::launch(to_dim3(cuda::row_grid(items)), dim3(cuda::kRowWarpsPerBlock * 32), [&] { k(a); });
+}
+
+template <class KP>
+void emu_decode(const KP& kp, const cuda::DecodePlan& plan) {
+  using Src = typename KP::source_type;
+  auto run = [&]<int R>() {
+    using Cfg = kern::DecodeConfig<Src, R>;
+    ASSERT_LE(Cfg::smem.total(), sizeof(kern::kvq_decode_smem));
+    std::memset(kern::kvq_decode_smem, 0xFF, Cfg::smem.total());  // NaN poison
+    kvq_emu::launch(to_dim3(plan.grid), dim3(Cfg::NW * 32), [&] { kern::decode_kernel<KP, R>(kp); });
+  };
+  constexpr int cap = cuda::max_rows_per_cta(Src::D);
+  if (plan.rows == 4) run.template operator()<4>();
+  if constexpr (cap >= 8)
+    if (plan.rows == 8) run.template operator()<8>();
+  if constexpr (cap >= 16)
+    if (plan.rows == 16) run.template operator()<16>();
+  if (kp.num_splits > 1)
+    kvq_emu::launch(to_dim3(plan.merge_grid), dim3(plan.merge_block), [&] { kern::split_merge_kernel<KP>(kp); });
+}
+
+// ---- append, dequantize, rotate: bit-identical -----------------------------------------
+
+template <Policy P, ActivationType T>
+void check_rows(int hkv, int page_size, const std::vector<int>& lens, std::uint32_t seed) {
+  constexpr int D = P.head_dim;
+  const RaggedTable tab = make_table(lens, page_size, seed);
+  const PageLayout<P> layout{page_size, hkv};
+  const TokenList tok = all_tokens(tab, seed + 1);
+  const int n = tok.size();
+  auto kf = outlier_rows(n, hkv, D, seed + 2);
+  auto vf = normal(std::size_t(n) * hkv * D, seed + 3, 1.5f);
+  kf[3] = std::numeric_limits<float>::quiet_NaN();  // a non-finite group
+  const auto keys = convert<T>(kf), values = convert<T>(vf);
+  Rotations rot;
+  make_rotations_host<P>(rot, hkv, seed + 4);
+
+  std::vector<std::byte> ref(layout.page_bytes() * tab.num_pages, std::byte{0xA5}), got = ref;
+  ASSERT_TRUE((append_kv<P, T>(PagedCacheView<P>{ref.data(), tab.num_pages, layout}, tab.host(), keys.data(),
+                               values.data(), n, tok.batch.data(), tok.pos.data(), rot.host()))
+                  .ok());
+  unsigned flags = 0;
+  cuda::AppendArgs<P, T> a{{got.data(), tab.num_pages, layout}, tab.host(), keys.data(), values.data(), n,
+                           tok.batch.data(), tok.pos.data(), rot.host(), &flags};
+  ASSERT_TRUE(cuda::validate(a).ok());
+  emu_rows(&kern::append_kernel<cuda::AppendArgs<P, T>>, a, static_cast<long long>(n) * hkv);
+  EXPECT_EQ(flags, 0u);
+  const auto diff = std::mismatch(got.begin(), got.end(), ref.begin());
+  EXPECT_TRUE(diff.first == got.end()) << "first differing byte " << (diff.first - got.begin()) << " of "
+                                       << got.size();
+
+  std::vector<T> dk(std::size_t(n) * hkv * D), dv(dk.size());
+  cuda::DequantizeArgs<P, T> d{{got.data(), tab.num_pages, layout}, tab.host(), n, tok.batch.data(), tok.pos.data(),
+                               dk.data(), dv.data(), rot.host(), &flags};
+  emu_rows(&kern::dequantize_kernel<cuda::DequantizeArgs<P, T>>, d, static_cast<long long>(n) * hkv);
+  int mismatches = 0;
+  for (int b = 0; b < static_cast<int>(lens.size()); ++b) {
+    std::vector<float> hk(std::size_t(lens[b]) * hkv * D + 1), hv(hk.size());
+    ASSERT_TRUE(dequantize_sequence<P>(ConstPagedCacheView<P>{ref.data(), tab.num_pages, layout}, tab.host(), b,
+                                       rot.host(), hk.data(), hv.data())
+                    .ok());
+    for (int i = 0; i < n; ++i) {
+      if (tok.batch[i] != b) continue;
+      for (int e = 0; e < hkv * D; ++e) {
+        const std::size_t gi = std::size_t(i) * hkv * D + e, hi = std::size_t(tok.pos[i]) * hkv * D + e;
+        mismatches += !same_value(dk[gi], from_float<T>(hk[hi])) + !same_value(dv[gi], from_float<T>(hv[hi]));
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+
+  // Rotate: the four operations on GQA-grouped rows.
+  const int rows = 3, group = 2, heads = hkv * group;
+  const auto in = convert<T>(outlier_rows(rows, heads, D, seed + 9));
+  for (auto op : {cuda::RotateOp::key, cuda::RotateOp::value, cuda::RotateOp::query, cuda::RotateOp::output}) {
+    std::vector<T> out(in.size());
+    cuda::RotateArgs<P, T> r{in.data(), out.data(), rows, heads, group, op, rot.host()};
+    emu_rows(&kern::rotate_kernel<cuda::RotateArgs<P, T>>, r, static_cast<long long>(rows) * heads);
+    int bad = 0;
+    float x[D], scratch[D];
+    for (int i = 0; i < rows * heads; ++i) {
+      const int h = (i % heads) / group;
+      for (int e = 0; e < D; ++e) x[e] = to_float(in[std::size_t(i) * D + e]);
+      switch (op) {
+        case cuda::RotateOp::key: transform_key<P>(x, h, rot.host(), scratch); break;
+        case cuda::RotateOp::value: transform_value<P>(x, h, rot.host(), scratch); break;
+        case cuda::RotateOp::query: transform_query<P>(x, h, rot.host(), scratch); break;
+        case cuda::RotateOp::output: untransform_output<P>(x, h, rot.host(), scratch); break;
+      }
+      for (int e = 0; e < D; ++e) bad += !same_value(out[std::size_t(i) * D + e], from_float<T>(x[e]));
+    }
+    EXPECT_EQ(bad, 0) << "rotate op " << int(op);
+  }
+}
+
+// ---- decode attention --------------------------------------------------------------------
+
+struct Case {
+  int hkv, group, page_size;
+  std::vector<int> lens, nq;
+  int splits;
+  bool explicit_offset, rotated;
+};
+
+template <ActivationType T>
+void compare(const std::vector<T>& out, const std::vector<float>& lse, const std::vector<T>& ref,
+             const std::vector<float>& lse_ref, int D, const char* what) {
+  int bad = 0;
+  std::vector<float> a(D), r(D);
+  for (std::size_t row = 0; row < lse_ref.size(); ++row) {
+    for (int d = 0; d < D; ++d) a[d] = to_float(out[row * D + d]), r[d] = to_float(ref[row * D + d]);
+    if (std::isinf(lse_ref[row]) && lse_ref[row] < 0) {
+      const bool zero = std::all_of(a.begin(), a.end(), [](float x) { return x == 0.f; });
+      if (!(lse[row] == lse_ref[row]) || !zero) bad += (ADD_FAILURE() << what << " empty row " << row, 1);
+      continue;
+    }
+    const double err = row_error(a.data(), r.data(), D);
+    const double lerr = std::abs(double(lse[row]) - lse_ref[row]) / std::max(1.0, std::abs(double(lse_ref[row])));
+    if (!(err <= 1e-3) || !(lerr <= 1e-3))
+      if (++bad <= 5)
+        ADD_FAILURE() << what << " row " << row << " err " << err << " lse " << lse[row] << " vs " << lse_ref[row];
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+struct QueryRun {
+  std::vector<std::int32_t> indptr, offsets;
+  int total = 0, max_q = 1;
+};
+QueryRun queries(const Case& c) {
+  QueryRun q;
+  q.indptr.push_back(0);
+  for (std::size_t b = 0; b < c.nq.size(); ++b) {
+    q.indptr.push_back(q.indptr.back() + c.nq[b]);
+    q.max_q = std::max(q.max_q, c.nq[b]);
+    q.offsets.push_back(b % 2 == 0 ? c.lens[b] - c.nq[b] - 5 : (1 << 30));
+  }
+  q.total = q.indptr.back();
+  return q;
+}
+
+template <Policy P, ActivationType T>
+void check_decode(const Case& c, std::uint32_t seed) {
+  constexpr int D = P.head_dim;
+  if (c.rotated && P.value.centered) return;
+  const RaggedTable tab = make_table(c.lens, c.page_size, seed);
+  const PageLayout<P> layout{c.page_size, c.hkv};
+  std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0});
+  const TokenList tok = all_tokens(tab, seed + 1);
+  const auto keys = convert<T>(outlier_rows(tok.size(), c.hkv, D, seed + 2));
+  const auto values = convert<T>(normal(std::size_t(tok.size()) * c.hkv * D, seed + 3, 1.5f));
+  Rotations rot;
+  make_rotations_host<P>(rot, c.hkv, seed + 4);
+  ASSERT_TRUE((append_kv<P, T>(PagedCacheView<P>{pool.data(), tab.num_pages, layout}, tab.host(), keys.data(),
+                               values.data(), tok.size(), tok.batch.data(), tok.pos.data(), rot.host()))
+                  .ok());
+  const int hq = c.hkv * c.group;
+  const QueryRun qs = queries(c);
+  const auto q = convert<T>(normal(std::size_t(qs.total) * hq * D, seed + 5, 0.7f));
+  std::vector<T> ref(std::size_t(qs.total) * hq * D), out(ref.size(), from_float<T>(std::nanf("")));
+  std::vector<float> lse_ref(std::size_t(qs.total) * hq), lse(lse_ref.size(), std::nanf(""));
+  const std::int32_t* off = c.explicit_offset ? qs.offsets.data() : nullptr;
+  const DecodeParams<T, T> hp{q.data(), qs.indptr.data(), hq, off, 0.f, c.rotated, ref.data(), lse_ref.data()};
+  ASSERT_TRUE(decode_attention<P>(ConstPagedCacheView<P>{pool.data(), tab.num_pages, layout}, tab.host(), hp,
+                                  rot.host())
+                  .ok());
+
+  cuda::DecodeArgs<P, T, T> a;
+  a.cache = {pool.data(), tab.num_pages, layout};
+  a.table = tab.host();
+  a.params = {q.data(), qs.indptr.data(), hq, off, 0.f, c.rotated, out.data(), lse.data()};
+  a.rotation = rot.host();
+  a.total_q = qs.total;
+  a.max_q_per_seq = qs.max_q;
+  a.num_splits = c.splits;
+  std::vector<uint4> ws((cuda::decode_workspace_bytes(a) + 15) / 16 + 16);
+  a.workspace = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 255) & ~std::uintptr_t{255});
+  a.workspace_bytes = cuda::decode_workspace_bytes(a);
+  cuda::DecodePlan plan;
+  ASSERT_TRUE(cuda::validate(a, plan).ok()) << cuda::validate(a, plan).to_string();
+  const kern::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
+  emu_decode(kern::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan, a.total_q, a.workspace,
+                                      nullptr),
+             plan);
+  compare(out, lse, ref, lse_ref, D, "quantized decode");
+}
+
+template <ActivationType T, int D>
+void check_dense(const Case& c, std::uint32_t seed) {
+  const RaggedTable tab = make_table(c.lens, c.page_size, seed);
+  const DensePageLayout<T, D> layout{c.page_size, c.hkv};
+  std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0});
+  const auto kv = normal(std::size_t(tab.total_tokens()) * c.hkv * D * 2, seed + 1);
+  std::size_t next = 0;
+  for (int b = 0; b < static_cast<int>(c.lens.size()); ++b)
+    for (int t = 0; t < c.lens[b]; ++t)
+      for (int h = 0; h < c.hkv; ++h) {
+        std::byte* page = pool.data() + layout.page_bytes() * tab.host().page_of(b, t);
+        T* k = layout.key_row(page, h, t % c.page_size);
+        T* v = layout.value_row(page, h, t % c.page_size);
+        for (int d = 0; d < D; ++d) k[d] = from_float<T>(kv[next++] * 2.f), v[d] = from_float<T>(kv[next++]);
+      }
+  const int hq = c.hkv * c.group;
+  const QueryRun qs = queries(c);
+  const auto q = convert<T>(normal(std::size_t(qs.total) * hq * D, seed + 5, 0.7f));
+  std::vector<T> ref(std::size_t(qs.total) * hq * D), out(ref.size(), from_float<T>(std::nanf("")));
+  std::vector<float> lse_ref(std::size_t(qs.total) * hq), lse(lse_ref.size(), std::nanf(""));
+  const std::int32_t* off = c.explicit_offset ? qs.offsets.data() : nullptr;
+  const DecodeParams<T, T> hp{q.data(), qs.indptr.data(), hq, off, 0.f, false, ref.data(), lse_ref.data()};
+  ASSERT_TRUE((dense_paged_attention<D, T>(pool.data(), tab.num_pages, layout, tab.host(), hp)).ok());
+
+  cuda::DenseDecodeArgs<T, D, T, T> a;
+  a.pool = pool.data();
+  a.num_pages = tab.num_pages;
+  a.layout = layout;
+  a.table = tab.host();
+  a.params = {q.data(), qs.indptr.data(), hq, off, 0.f, false, out.data(), lse.data()};
+  a.total_q = qs.total;
+  a.max_q_per_seq = qs.max_q;
+  a.num_splits = c.splits;
+  std::vector<uint4> ws((cuda::decode_workspace_bytes(a) + 15) / 16 + 16);
+  a.workspace = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 255) & ~std::uintptr_t{255});
+  a.workspace_bytes = cuda::decode_workspace_bytes(a);
+  cuda::DecodePlan plan;
+  ASSERT_TRUE(cuda::validate(a, plan).ok());
+  const kern::DenseSource<T, D> src{a.pool, a.num_pages, a.layout};
+  emu_decode(kern::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan, a.total_q,
+                                      a.workspace, nullptr),
+             plan);
+  compare(out, lse, ref, lse_ref, D, "dense decode");
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = {
+      {2, 1, 16, {1, 37, 0, 130}, {1, 1, 1, 1}, 1, false, false},
+      {2, 4, 16, {1, 37, 0, 130}, {1, 1, 1, 1}, 3, false, false},
+      {1, 8, 64, {300, 5}, {1, 1}, 4, false, false},
+      {2, 4, 32, {90, 40, 3}, {3, 1, 2}, 1, false, false},
+      {1, 8, 16, {100, 33}, {3, 1}, 2, true, false},
+      {1, 4, 256, {200}, {2}, 2, false, true},
+  };
+  return c;
+}
+
+TEST(CudaEmulated, AppendDequantizeRotate_K4V2_HC_d128_half) {
+  check_rows<presets::K4V2_HC.with_head_dim(128), half_t>(2, 16, {1, 37, 0, 70}, 1);
+}
+TEST(CudaEmulated, AppendDequantizeRotate_K2V2_R_d64_float) {
+  check_rows<presets::K2V2_R.with_head_dim(64), float>(2, 32, {50, 3}, 2);
+}
+TEST(CudaEmulated, AppendDequantizeRotate_K8V8_H_bf16meta_d256_bf16) {
+  constexpr Policy P = [] {
+    Policy p = presets::K8V8_H.with_head_dim(256).with_meta(MetaType::bf16);
+    p.value.centered = true;
+    p.key.sign_seed = 1234;
+    return p;
+  }();
+  check_rows<P, bfloat16_t>(1, 16, {20}, 3);
+}
+
+TEST(CudaEmulated, Decode_K4V2_HC_d128_half) {
+  std::uint32_t seed = 10;
+  for (const auto& c : cases()) check_decode<presets::K4V2_HC.with_head_dim(128), half_t>(c, seed++);
+}
+TEST(CudaEmulated, Decode_K2V2_R_fp32meta_d64_float) {
+  constexpr Policy P = presets::K2V2_R.with_head_dim(64).with_meta(MetaType::fp32);
+  std::uint32_t seed = 20;
+  for (const auto& c : cases()) check_decode<P, float>(c, seed++);
+}
+TEST(CudaEmulated, Decode_K8V4_H_d256_bf16) {
+  constexpr Policy P = [] {
+    Policy p = presets::K8V8_H.with_head_dim(256);
+    p.value.bits = 4;
+    p.value.group = 64;
+    p.value.centered = true;
+    return p;
+  }();
+  std::uint32_t seed = 30;
+  for (const auto& c : cases()) check_decode<P, bfloat16_t>(c, seed++);
+}
+TEST(CudaEmulated, DenseDecode_half_d128) {
+  std::uint32_t seed = 40;
+  for (const auto& c : cases()) check_dense<half_t, 128>(c, seed++);
+}
+TEST(CudaEmulated, DenseDecode_float_d64) {
+  std::uint32_t seed = 50;
+  for (const auto& c : cases()) check_dense<float, 64>(c, seed++);
+}
+
+TEST(CudaEmulated, MergeStates) {
+  constexpr int rows = 9, D = 64;
+  auto o1 = normal(rows * D, 1), o2 = normal(rows * D, 2), l1 = normal(rows, 3, 3.f), l2 = normal(rows, 4, 3.f);
+  l1[0] = l2[1] = l1[2] = l2[2] = -std::numeric_limits<float>::infinity();
+  std::vector<float> ref(rows * D), lref(rows), out(rows * D), lout(rows);
+  merge_states(o1.data(), l1.data(), o2.data(), l2.data(), rows, D, ref.data(), lref.data());
+  const float *p1 = o1.data(), *p2 = o2.data(), *q1 = l1.data(), *q2 = l2.data();
+  float *po = out.data(), *pl = lout.data();
+  kvq_emu::launch(to_dim3(cuda::row_grid(rows)), dim3(128),
+                  [&] { kern::merge_states_kernel<float>(p1, q1, p2, q2, rows, D, po, pl); });
+  for (int i = 0; i < rows * D; ++i) EXPECT_NEAR(out[i], ref[i], 1e-6f * (1 + std::abs(ref[i])));
+  for (int r = 0; r < rows; ++r) EXPECT_EQ(lout[r], lref[r]);
+}
+
+}  // namespace
