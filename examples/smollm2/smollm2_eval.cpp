@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "common.hpp"
+#include "kvq/calib/artifact.hpp"
 #include "kvq/io/gguf.hpp"
 #include "kvq/io/safetensors.hpp"
 #include "model.hpp"
@@ -63,8 +64,31 @@ double policy_bits(const std::string& name, int head_dim) {
 
 bool policy_centers_keys(const std::string& name) {
   for (const auto& p : kvq::presets::all)
-    if (p.name == name) return p.policy.key.centered;
+    if (p.name == name) return p.policy.key.centered && p.policy.key.rotation != kvq::Rotation::dense;
   return false;
+}
+
+bool policy_needs_artifact(const std::string& name) {
+  for (const auto& p : kvq::presets::all)
+    if (p.name == name) return p.policy.key.rotation == kvq::Rotation::dense || p.policy.value.rotation == kvq::Rotation::dense;
+  return false;
+}
+
+// Per-layer run-time parameters of a learned-rotation preset from an OptR artifact
+// (kvq_calib optr); every model layer must be in it and the policy must match.
+std::vector<kvq::LayerParams> artifact_params(const std::string& path, const std::string& policy, int n_layers,
+                                              int head_dim) {
+  if (path.empty())
+    throw kvq::Error(kvq::StatusCode::invalid_argument,
+                     "policy " + policy + " uses learned rotations: pass --artifact (from kvq_calib optr)");
+  const auto art = kvq::calib::read_artifact(std::filesystem::path(path));
+  std::vector<kvq::LayerParams> out;
+  kvq::throw_if_error(kvq::dispatch_head_dim<64, 128>(head_dim, [&]<int D>() {
+    kvq::throw_if_error(kvq::dispatch_preset<D>(policy, [&]<kvq::Policy P>() {
+      for (int l = 0; l < n_layers; ++l) out.push_back(kvq::calib::layer_params<P>(art, l));
+    }));
+  }));
+  return out;
 }
 
 // Runs `tokens` through fresh caches block by block; logits [n, vocab] if wanted.
@@ -150,7 +174,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // ---- eval -------------------------------------------------------------------------------
 
 struct EvalArgs {
-  std::string text, policies = "fp32,K8V8,K4V4,K4V2,K2V4,K2V2", csv;
+  std::string text, policies = "fp32,K8V8,K4V4,K4V2,K2V4,K2V2", csv, artifact;
   int tokens = 8192, ctx = 1024, calib_tokens = 4096;
 };
 
@@ -175,6 +199,10 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
     means = key_means(m, calib, a.ctx, ca);
   }
 
+  std::map<std::string, std::vector<kvq::LayerParams>> learned;
+  for (const auto& pol : policies)
+    if (policy_needs_artifact(pol)) learned[pol] = artifact_params(a.artifact, pol, m.cfg.n_layers, m.cfg.head_dim);
+
   struct Acc {
     double nll = 0, kl = 0, kl_far = 0;
     long long scored = 0, agree = 0, far = 0;
@@ -192,7 +220,9 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
     const std::vector<int> chunk(eval.begin() + c * a.ctx, eval.begin() + (c + 1) * a.ctx);
     for (const auto& pol : policies) {
       const auto t0 = std::chrono::steady_clock::now();
-      auto caches = m.make_caches(pol, ca.options(), policy_centers_keys(pol) ? &means : nullptr);
+      const std::vector<kvq::LayerParams>* params =
+          policy_centers_keys(pol) ? &means : learned.count(pol) ? &learned[pol] : nullptr;
+      auto caches = m.make_caches(pol, ca.options(), params);
       run_sequence(m, chunk, caches, ca.block, &logits);
       Acc& A = acc[pol];
       std::size_t bytes = 0;
@@ -423,6 +453,7 @@ int main(int argc, char** argv) {
   eval->add_option("--policies", ea.policies, "comma-separated: fp32 and kvq preset names (K4V2, K4V2_H, K4V2_HC, ...)");
   eval->add_option("--calib-tokens", ea.calib_tokens, "tokens after the evaluated span used for key means (*_HC presets)");
   eval->add_option("--csv", ea.csv, "also write the table as CSV");
+  eval->add_option("--artifact", ea.artifact, "OptR artifact (kvq_calib optr) for learned-rotation presets (*_R)");
 
   std::string prompt, policy = "fp32";
   int n_new = 48;
