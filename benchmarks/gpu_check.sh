@@ -6,7 +6,8 @@
 #       static libstdc++, and stages them with libbenchmark into DIR (default
 #       build-gpu/stage, a few MiB).
 #   benchmarks/gpu_check.sh [DIR]             on the GPU machine: runs the host and
-#       device tests, then the benchmarks, and prints a short table last.
+#       device tests, then the benchmarks, and prints a short table last. Logs and the
+#       benchmark JSON go to $KVQ_GPU_CHECK_OUT (default $OUT, else /tmp)/kvq_gpu_check.
 #
 # Exit status: 0 when every test passed (benchmarks never fail the check).
 set -u
@@ -22,7 +23,11 @@ if [ "${1:-}" = "--prepare" ]; then
   mkdir -p "$stage/lib"
   cp "$build/tests/cuda/test_cuda_plan" "$build/tests/cuda/test_cuda_kernels" \
      "$build/benchmarks/cuda/bench_cuda_decode" "$stage/"
-  for lib in $(ldd "$stage/bench_cuda_decode" | awk '/libbenchmark/ {print $3}'); do cp -L "$lib" "$stage/lib/"; done
+  # Google Benchmark is only available as a shared library here; ship it with the C++
+  # runtime it was built against (glibc itself is taken from the GPU machine).
+  for lib in $(ldd "$stage/bench_cuda_decode" | awk '/libbenchmark|libstdc\+\+|libgcc_s/ {print $3}'); do
+    cp -L "$lib" "$stage/lib/"
+  done
   echo "staged in $stage:"; ls -la "$stage" "$stage/lib"
   exit 0
 fi
@@ -45,7 +50,7 @@ echo "== benchmarks"
 timeout 180 "$stage/bench_cuda_decode" --benchmark_min_time=0.1 --benchmark_counters_tabular=true \
   --benchmark_out="$out/bench.json" --benchmark_out_format=json 2>&1 | tee "$out/bench.txt" | tail -60
 
-echo "== summary (median-free single run: compare ratios, not absolutes)"
+echo "== summary (one run: compare the ratios inside it, not absolutes across runs)"
 if command -v python3 > /dev/null && [ -s "$out/bench.json" ]; then
   python3 - "$out/bench.json" << 'PY'
 import json, sys, collections
