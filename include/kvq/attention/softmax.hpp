@@ -16,7 +16,9 @@
 
 namespace kvq {
 
-KVQ_HOST_DEVICE float neg_inf_f() { return -std::numeric_limits<float>::infinity(); }
+// __builtin_huge_valf: usable in device code without nvcc's --expt-relaxed-constexpr
+// (std::numeric_limits<float>::infinity() is a constexpr __host__ function).
+KVQ_HOST_DEVICE float neg_inf_f() { return -__builtin_huge_valf(); }
 
 KVQ_HOST_DEVICE float exp_f(float x) {
 #if KVQ_DEVICE_CODE
