@@ -26,11 +26,14 @@ Layer make_layer(int tokens, int d) {
   L.k.resize(std::size_t(tokens) * L.hkv * d);
   L.v.resize(L.k.size());
   L.q.resize(std::size_t(L.hq) * d);
+  // Keys: a shared offset plus a few outlier channels with a large per-token spread, as
+  // real post-RoPE keys have. Values: a per-channel mean plus Gaussian noise.
+  std::vector<float> value_mean(std::size_t(L.hkv) * d);
+  for (auto& x : value_mean) x = n(gen);
   for (std::size_t i = 0; i < L.k.size(); ++i) {
     const int ch = int(i % d);
-    // A few key channels carry a large offset (outliers), values are plain Gaussian.
-    L.k[i] = n(gen) + (ch % 29 == 3 ? 8.f : 0.f);
-    L.v[i] = n(gen);
+    L.k[i] = ch % 29 == 3 ? 6.f + 6.f * n(gen) : 1.f + n(gen);
+    L.v[i] = value_mean[i % value_mean.size()] + n(gen);
   }
   for (auto& x : L.q) x = n(gen);
   return L;

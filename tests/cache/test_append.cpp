@@ -44,7 +44,9 @@ TEST(Append, WritesExactlyItsSlotsAndNothingElse) {
   }
   std::size_t written = 0;
   for (std::size_t j = 0; j < c.pool.size(); ++j) {
-    if (!expected_written[j]) ASSERT_EQ(c.pool[j], kPoisonByte) << "byte " << j << " outside the slots changed";
+    if (!expected_written[j]) {
+      ASSERT_EQ(c.pool[j], kPoisonByte) << "byte " << j << " outside the slots changed";
+    }
     written += c.pool[j] != kPoisonByte;
   }
   EXPECT_GT(written, 2 * 3 * L.kBytesPerTokenHead / 2);  // the slots really were written

@@ -41,10 +41,11 @@ void check_three_parts(int sink, int recent, int flush, int tokens, int n_q, std
   // Effective keys/values: exact windows around the dequantized middle.
   std::vector<float> k = data.k, v = data.v;
   const int qn = cache.quantized_tokens();
-  if (qn > 0)
+  if (qn > 0) {
     ASSERT_TRUE(kvq::dequantize_sequence<P>(cache.pages(), cache.table(), 0, data.params.view(),
                                             k.data() + std::size_t(s) * hkv * D, v.data() + std::size_t(s) * hkv * D)
                     .ok());
+  }
   std::vector<float> out(std::size_t(n_q) * hq * D, kvq::test::kPoison), lse(std::size_t(n_q) * hq);
   cache.attend(data.q.data(), n_q, out.data(), lse.data());
   std::vector<double> ref(out.size());

@@ -155,7 +155,7 @@ class HostKVCache final : public KVCache {
     }
   }
 
-  void attend(const float* q, int n_q, float* out, float* lse) override {
+  void attend(const float* q, int n_q, float* out, float* lse = nullptr) override {
     if (n_q < 1 || n_q > size() || n_q > opt_.max_query_tokens || !q || !out)
       throw Error(StatusCode::invalid_argument,
                   "host cache: attend needs 1 <= n_q <= min(size(), max_query_tokens) and non-null q/out (n_q = " +
@@ -257,7 +257,7 @@ class FullPrecisionKVCache final : public KVCache {
     all_.v.insert(all_.v.end(), v, v + n);
     all_.len += n_tokens;
   }
-  void attend(const float* q, int n_q, float* out, float* lse) override {
+  void attend(const float* q, int n_q, float* out, float* lse = nullptr) override {
     if (n_q < 1 || n_q > size() || !q || !out)
       throw Error(StatusCode::invalid_argument, "host cache: attend needs 1 <= n_q <= size() and non-null q/out");
     const float tau = opt_.sm_scale != 0.f ? opt_.sm_scale : 1.f / std::sqrt(float(D));
