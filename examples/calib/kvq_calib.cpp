@@ -32,7 +32,10 @@ kvq::Policy policy_by_name(const std::string& name, int head_dim) {
   for (const auto& p : kvq::presets::all)
     if (p.name == name) return p.policy.with_head_dim(head_dim);
   std::string known;
-  for (const auto& p : kvq::presets::all) known += (known.empty() ? "" : ", ") + std::string(p.name);
+  for (const auto& p : kvq::presets::all) {
+    if (!known.empty()) known += ", ";
+    known += p.name;
+  }
   throw kvq::Error(kvq::StatusCode::invalid_argument, "unknown policy '" + name + "' (known: " + known + ")");
 }
 

@@ -137,7 +137,8 @@ inline io::SafetensorsWriter activations_writer(const std::vector<LayerActivatio
     w.add_f32(p + "k", {L, a.hkv, d}, a.k);
     w.add_f32(p + "v", {L, a.hkv, d}, a.v);
     w.add_f32(p + "w_o", {a.hidden, a.hq * d}, a.w_o);
-    ids += (ids.empty() ? "" : ",") + std::to_string(a.layer);
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(a.layer);
   }
   w.add("seq_offsets", io::DType::I64, {static_cast<std::int64_t>(layers[0].seq_offsets.size())},
         layers[0].seq_offsets.data());

@@ -208,7 +208,8 @@ inline io::SafetensorsWriter artifact_writer(const Artifact& a) {
     w.add(p + "kept_v", io::DType::U8, {H}, L.kept_v.data());
     w.add(p + "loss_k", io::DType::F64, {H, 2}, L.loss_k.data());
     w.add(p + "loss_v", io::DType::F64, {H, 2}, L.loss_v.data());
-    ids += (ids.empty() ? "" : ",") + std::to_string(L.layer);
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(L.layer);
   }
   w.set_metadata("layers", ids);
   return w;
