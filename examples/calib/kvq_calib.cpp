@@ -8,6 +8,7 @@
 // measures the per-layer post-W_O error of each candidate policy, and writes the
 // per-layer policy table chosen for an average bits/element budget.
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -166,8 +167,9 @@ int run_allocate(Common& c, double budget, const std::string& cand_list, const s
     } else {
       r = norm_report(a);
     }
-    fmt::print("{:5d} {:9.3f} {:9.3f} {:9.3f} {:9.3f} {:9.3f} {:9.3f} {:9.3f} {:9.3f}\n", a.layer, r.wk_fro,
-               r.wk_spec, r.wv_fro, r.wv_spec, r.k_rms, r.v_rms, r.k_absmax, r.v_absmax);
+    auto num = [](double x) { return std::isfinite(x) ? fmt::format("{:9.3f}", x) : fmt::format("{:>9}", "-"); };
+    fmt::print("{:5d} {} {} {} {} {:9.3f} {:9.3f} {:9.3f} {:9.3f}\n", a.layer, num(r.wk_fro), num(r.wk_spec),
+               num(r.wv_fro), num(r.wv_spec), r.k_rms, r.v_rms, r.k_absmax, r.v_absmax);
   }
 
   std::vector<std::vector<double>> err(ls.size(), std::vector<double>(cands.size()));
