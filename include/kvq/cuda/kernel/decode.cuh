@@ -433,7 +433,9 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
 #pragma unroll
     for (int k = 0; k < VD; ++k) acc[r][k] = 0.f;
   }
-  std::byte* stage_buf[2] = {smem + S.stage_off(w, 0), smem + S.stage_off(w, 1)};
+  // Two stage buffers, selected (not indexed) so that they stay in registers.
+  std::byte* const stage0 = smem + S.stage_off(w, 0);
+  std::byte* const stage1 = smem + S.stage_off(w, 1);
   float* p_s = reinterpret_cast<float*>(smem + S.p_off(w));
   const int u = lane / LPTV, d0 = (lane % LPTV) * VD;
   const int page_base = a.table.indptr[b];
@@ -465,16 +467,16 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
   };
 
   int t0 = tb + 32 * w;
-  unsigned valid_cur = t0 < te ? issue(t0, stage_buf[0]) : 0u;
+  unsigned valid_cur = t0 < te ? issue(t0, stage0) : 0u;
   warp::copy_commit();
   int cur = 0;
   for (; t0 < te; t0 += 32 * NW) {
     const int tn = t0 + 32 * NW;
-    const unsigned valid_next = tn < te ? issue(tn, stage_buf[cur ^ 1]) : 0u;
+    const unsigned valid_next = tn < te ? issue(tn, cur ? stage0 : stage1) : 0u;
     warp::copy_commit();
     warp::copy_wait<1>();
     __syncwarp();
-    const std::byte* st = stage_buf[cur];
+    const std::byte* st = cur ? stage1 : stage0;
     const int n = te - t0 < 32 ? te - t0 : 32;
 
     // q·k: lane = token t0 + lane.
