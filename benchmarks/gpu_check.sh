@@ -17,8 +17,9 @@ if [ "${1:-}" = "--prepare" ]; then
   stage=${2:-build-gpu/stage}
   build=$(dirname "$stage")
   set -e
+  mkdir -p "$build"
   cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" > "$build.configure.log"
+        -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" > "$build/configure.log"
   cmake --build "$build" -j"${JOBS:-2}" --target test_cuda_plan test_cuda_kernels bench_cuda_decode
   mkdir -p "$stage/lib"
   cp "$build/tests/cuda/test_cuda_plan" "$build/tests/cuda/test_cuda_kernels" \
