@@ -32,6 +32,7 @@ const std::vector<DecodeCase>& cases() {
       {3, 1, 16, {33, 2049}, {1, 1}, 5, false, false},
       {1, 4, 256, {700, 256}, {1, 2}, 2, false, true},
       {2, 4, 128, {0, 0}, {1, 1}, 2, false, false},
+      {2, 4, 24, {77, 50}, {1, 2}, 9, false, false},  // page size not a power of two, empty splits
   };
   return c;
 }

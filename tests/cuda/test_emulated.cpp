@@ -262,8 +262,27 @@ const std::vector<Case>& cases() {
       {2, 4, 32, {90, 40, 3}, {3, 1, 2}, 1, false, false},
       {1, 8, 16, {100, 33}, {3, 1}, 2, true, false},
       {1, 4, 256, {200}, {2}, 2, false, true},
+      {2, 4, 24, {77, 50}, {1, 2}, 9, false, false},  // page size not a power of two, empty splits
   };
   return c;
+}
+
+// Tokens outside the page table are skipped and reported; the pool stays untouched.
+TEST(CudaEmulated, AppendRejectsOutOfRange) {
+  constexpr Policy P = presets::K4V2_HC.with_head_dim(64);
+  const RaggedTable tab = make_table({5, 20}, 16, 7);
+  const PageLayout<P> layout{16, 2};
+  std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0xA5});
+  const std::vector<std::int32_t> b = {0, 2, -1, 1}, p = {5, 0, 0, -3};
+  const auto rows = convert<half_t>(normal(4 * 2 * 64, 8));
+  Rotations rot;
+  make_rotations_host<P>(rot, 2, 9);
+  unsigned flags = 0;
+  cuda::AppendArgs<P, half_t> a{{pool.data(), tab.num_pages, layout}, tab.host(), rows.data(), rows.data(), 4,
+                                b.data(), p.data(), rot.host(), &flags};
+  emu_rows(&kern::append_kernel<cuda::AppendArgs<P, half_t>>, a, 4 * 2);
+  EXPECT_EQ(flags, unsigned(cuda::kBadPosition | cuda::kBadBatchIndex));
+  EXPECT_TRUE(std::all_of(pool.begin(), pool.end(), [](std::byte x) { return x == std::byte{0xA5}; }));
 }
 
 TEST(CudaEmulated, AppendDequantizeRotate_K4V2_HC_d128_half) {
