@@ -29,7 +29,7 @@ Status dispatch_head_dim(int head_dim, F&& f) {
     found = true;
     if constexpr (std::is_same_v<decltype(f.template operator()<D>()), void>) {
       f.template operator()<D>();
-      result = Status{};
+      (void)(result = Status{});
     } else {
       result = f.template operator()<D>();
     }
