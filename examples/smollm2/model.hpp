@@ -106,7 +106,6 @@ class Model {
     const Config& c = cfg;
     if (n < 1 || static_cast<int>(caches.size()) != c.n_layers)
       throw kvq::Error(kvq::StatusCode::invalid_argument, "model: forward needs n >= 1 and one cache per layer");
-    if (pos0 + n > rope_positions_) init_rope_mut(pos0 + n);
     RowMat x(n, c.hidden);
     for (int i = 0; i < n; ++i) {
       if (tokens[i] < 0 || tokens[i] >= c.vocab)
@@ -199,14 +198,30 @@ class Model {
       }
     rope_positions_ = n_pos;
   }
-  void init_rope_mut(int n_pos) const { const_cast<Model*>(this)->init_rope(std::max(n_pos, 2 * rope_positions_)); }
 
-  // Rotates adjacent pairs of each head's [d] slice of rows [n, heads·d].
+  // Rotates adjacent pairs of each head's [d] slice of rows [n, heads·d]. Positions
+  // past the table (longer than context_length) are computed on the fly.
   void rope(RowMat& m, int heads, int pos0) const {
     const int hd = cfg.head_dim, half = hd / 2;
+    std::vector<float> extra_c, extra_s;
     for (Eigen::Index t = 0; t < m.rows(); ++t) {
-      const float* cs = cos_.data() + std::size_t(pos0 + t) * half;
-      const float* sn = sin_.data() + std::size_t(pos0 + t) * half;
+      const int pos = pos0 + static_cast<int>(t);
+      const float* cs;
+      const float* sn;
+      if (pos < rope_positions_) {
+        cs = cos_.data() + std::size_t(pos) * half;
+        sn = sin_.data() + std::size_t(pos) * half;
+      } else {
+        extra_c.resize(half);
+        extra_s.resize(half);
+        for (int i = 0; i < half; ++i) {
+          const double ang = pos * std::pow(double(cfg.rope_theta), -2.0 * i / hd);
+          extra_c[i] = static_cast<float>(std::cos(ang));
+          extra_s[i] = static_cast<float>(std::sin(ang));
+        }
+        cs = extra_c.data();
+        sn = extra_s.data();
+      }
       float* row = m.row(t).data();
       for (int h = 0; h < heads; ++h)
         for (int i = 0; i < half; ++i) {

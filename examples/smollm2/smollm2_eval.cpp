@@ -174,7 +174,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // ---- eval -------------------------------------------------------------------------------
 
 struct EvalArgs {
-  std::string text, policies = "fp32,K8V8,K4V4,K4V2,K2V4,K2V2", csv, artifact;
+  std::string text, policies = "fp32,K8V8,K4V4,K4V2,K2V4,K2V2", csv;
+  std::vector<std::string> artifacts;  // PATH (all *_R policies) or POLICY=PATH
   int tokens = 8192, ctx = 1024, calib_tokens = 4096;
 };
 
@@ -201,7 +202,15 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
 
   std::map<std::string, std::vector<kvq::LayerParams>> learned;
   for (const auto& pol : policies)
-    if (policy_needs_artifact(pol)) learned[pol] = artifact_params(a.artifact, pol, m.cfg.n_layers, m.cfg.head_dim);
+    if (policy_needs_artifact(pol)) {
+      std::string path;
+      for (const auto& art : a.artifacts) {
+        const auto eq = art.find('=');
+        if (eq == std::string::npos && path.empty()) path = art;
+        if (eq != std::string::npos && art.substr(0, eq) == pol) path = art.substr(eq + 1);
+      }
+      learned[pol] = artifact_params(path, pol, m.cfg.n_layers, m.cfg.head_dim);
+    }
 
   struct Acc {
     double nll = 0, kl = 0, kl_far = 0;
@@ -453,7 +462,8 @@ int main(int argc, char** argv) {
   eval->add_option("--policies", ea.policies, "comma-separated: fp32 and kvq preset names (K4V2, K4V2_H, K4V2_HC, ...)");
   eval->add_option("--calib-tokens", ea.calib_tokens, "tokens after the evaluated span used for key means (*_HC presets)");
   eval->add_option("--csv", ea.csv, "also write the table as CSV");
-  eval->add_option("--artifact", ea.artifact, "OptR artifact (kvq_calib optr) for learned-rotation presets (*_R)");
+  eval->add_option("--artifact", ea.artifacts,
+                   "OptR artifact (kvq_calib optr) for learned-rotation presets: PATH, or POLICY=PATH (repeatable)");
 
   std::string prompt, policy = "fp32";
   int n_new = 48;
