@@ -145,12 +145,29 @@ int run_optr(Common& c, const std::string& policy_name, const std::string& out, 
   return 0;
 }
 
-int run_allocate(Common& c, double budget, const std::string& cand_list, const std::string& out) {
+int run_allocate(Common& c, double budget, const std::string& cand_list, const std::string& out,
+                 const std::string& artifact_path) {
   const auto ls = load(c);
   const int d = ls.front().head_dim;
   std::vector<Candidate> cands;
   for (const auto& n : split(cand_list)) cands.push_back({n, policy_by_name(n, d)});
   if (cands.empty()) throw kvq::Error(kvq::StatusCode::invalid_argument, "--candidates is empty");
+  // Dense-rotation candidates are measured with the calibrated rotations of an artifact
+  // made for exactly that policy.
+  Artifact art;
+  if (!artifact_path.empty()) art = read_artifact(artifact_path);
+  std::vector<std::vector<std::vector<HeadTransform>>> dense(cands.size());
+  for (std::size_t ci = 0; ci < cands.size(); ++ci) {
+    const kvq::Policy& P = cands[ci].policy;
+    if (P.key.rotation != kvq::Rotation::dense && P.value.rotation != kvq::Rotation::dense) continue;
+    if (artifact_path.empty())
+      throw kvq::Error(kvq::StatusCode::invalid_argument,
+                       "candidate " + cands[ci].name + " uses learned rotations: pass --artifact");
+    if (!(art.policy == P))
+      throw kvq::Error(kvq::StatusCode::invalid_argument, "--artifact was calibrated for " + describe(art.policy) +
+                                                              ", candidate " + cands[ci].name + " is " + describe(P));
+    for (const auto& a : ls) dense[ci].push_back(head_transforms(art, a.layer));
+  }
 
   fmt::print("\nnorm-disparity report (W_K/W_V norms need layers.<l>.w_k / w_v in the input)\n");
   fmt::print("{:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "layer", "|WK|_F", "|WK|_2", "|WV|_F",
@@ -175,10 +192,27 @@ int run_allocate(Common& c, double budget, const std::string& cand_list, const s
   std::vector<std::vector<double>> err(ls.size(), std::vector<double>(cands.size()));
   std::vector<int> ids;
   for (const auto& a : ls) ids.push_back(a.layer);
+  for (std::size_t ci = 0; ci < cands.size(); ++ci)
+    for (std::size_t l = 0; l < dense[ci].size(); ++l)
+      if (static_cast<int>(dense[ci][l].size()) != ls[l].hkv)
+        throw kvq::Error(kvq::StatusCode::invalid_argument, "--artifact has a different number of KV heads");
+  std::string first_error;  // exceptions must not leave the OpenMP region
   KVQ_CALIB_OMP(parallel for collapse(2) schedule(dynamic, 1))
   for (std::size_t l = 0; l < ls.size(); ++l)
-    for (std::size_t ci = 0; ci < cands.size(); ++ci) err[l][ci] = layer_output_error(ls[l], cands[ci].policy, c.cfg);
-  fmt::print("\nmeasured post-W_O error per layer\n{:>5}", "layer");
+    for (std::size_t ci = 0; ci < cands.size(); ++ci) {
+      try {
+        // Held-out sequences only (the split of `optr`), so learned rotations get no
+        // in-sample advantage.
+        const int ns = ls[l].n_seq(), nh = heldout_count(ns, c.cfg);
+        err[l][ci] = layer_output_error(ls[l], cands[ci].policy, c.cfg, dense[ci].empty() ? nullptr : &dense[ci][l],
+                                        ns - nh, ns);
+      } catch (const std::exception& e) {
+        KVQ_CALIB_OMP(critical(kvq_calib_cli))
+        if (first_error.empty()) first_error = e.what();
+      }
+    }
+  if (!first_error.empty()) throw kvq::Error(kvq::StatusCode::invalid_argument, first_error);
+  fmt::print("\nmeasured post-W_O error per layer (held-out sequences)\n{:>5}", "layer");
   for (const auto& cd : cands) fmt::print(" {:>11}", cd.name);
   fmt::print("\n");
   for (std::size_t l = 0; l < ls.size(); ++l) {
@@ -234,6 +268,9 @@ int main(int argc, char** argv) {
   alloc->add_option("-b,--budget", budget, "average bits/element, metadata included")->capture_default_str();
   alloc->add_option("-c,--candidates", cands, "comma-separated preset names")->capture_default_str();
   alloc->add_option("-o,--out", table, "per-layer table (CSV)")->capture_default_str();
+  std::string artifact;
+  alloc->add_option("--artifact", artifact, "OptR artifact for dense-rotation (_R) candidates")
+      ->check(CLI::ExistingFile);
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -243,7 +280,7 @@ int main(int argc, char** argv) {
 #endif
     c.cfg.validate();
     if (optr->parsed()) return run_optr(oc, policy, out, base, param);
-    return run_allocate(ac, budget, cands, table);
+    return run_allocate(ac, budget, cands, table, artifact);
   } catch (const std::exception& e) {
     fmt::print(stderr, "kvq_calib: error: {}\n", e.what());
     return 1;

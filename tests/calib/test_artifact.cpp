@@ -66,6 +66,17 @@ TEST(Artifact, LoaderProducesRunTimeParameters) {
   EXPECT_THROW(layer_params<kP>(a, 5), kvq::Error);
 }
 
+TEST(Artifact, HeadTransformsMatchStoredRotations) {
+  const Artifact& a = sample();
+  const auto t = head_transforms(a, 3);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(static_cast<float>(t[1].RK(2, 5)), a.layers[0].r_k[(64 + 2) * 64 + 5]);
+  EXPECT_EQ(static_cast<float>(t[0].mu_k[7]), a.layers[0].mu_k[7]);
+  EXPECT_EQ(t[0].nu_v.squaredNorm(), 0.0);  // K2V2_R does not center values
+  EXPECT_LT(orthogonality_error(t[1].RV), 1e-5);
+  EXPECT_THROW(head_transforms(a, 4), kvq::Error);
+}
+
 TEST(Artifact, PolicyMismatchIsRejectedClearly) {
   const Artifact& a = sample();
   try {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kvq/cache/host_cache.hpp"
+#include "kvq/calib/bit_allocation.hpp"
 #include "kvq/calib/optr.hpp"
 #include "kvq/core/policy.hpp"
 #include "kvq/core/status.hpp"
@@ -309,6 +310,30 @@ LayerParams layer_params(const Artifact& a, int layer) {
     if (P.value.centered) p.value_mean = L.nu_v;
     if (P.value.rotation == Rotation::dense) p.value_rotation = L.r_v;
     return p;
+  }
+  throw Error(StatusCode::out_of_range, "OptR artifact has no layer " + std::to_string(layer));
+}
+
+// Per-head transforms of one stored layer, for measuring errors with calibrated
+// rotations (bit_allocation.hpp). Means are zero where the policy does not center.
+inline std::vector<HeadTransform> head_transforms(const Artifact& a, int layer) {
+  for (const ArtifactLayer& L : a.layers) {
+    if (L.layer != layer) continue;
+    const int d = L.head_dim;
+    std::vector<HeadTransform> out;
+    for (int h = 0; h < L.hkv; ++h) {
+      HeadTransform t{MatD(d, d), MatD(d, d), VecD(d), VecD(d)};
+      for (int i = 0; i < d; ++i) {
+        t.mu_k[i] = a.policy.key.centered ? L.mu_k[h * d + i] : 0.0;
+        t.nu_v[i] = a.policy.value.centered ? L.nu_v[h * d + i] : 0.0;
+        for (int j = 0; j < d; ++j) {
+          t.RK(i, j) = L.r_k[(static_cast<std::size_t>(h) * d + i) * d + j];
+          t.RV(i, j) = L.r_v[(static_cast<std::size_t>(h) * d + i) * d + j];
+        }
+      }
+      out.push_back(std::move(t));
+    }
+    return out;
   }
   throw Error(StatusCode::out_of_range, "OptR artifact has no layer " + std::to_string(layer));
 }

@@ -148,13 +148,16 @@ inline double head_output_error(const HeadData& hd, const Policy& p, const HeadT
   return err / (static_cast<double>(kp.query_total()) * g);
 }
 
-// Mean over KV heads of head_output_error for a layer. `transforms` (optional) gives
-// calibrated per-head rotations; otherwise policy_transform() is used.
+// Mean over KV heads of head_output_error for a layer, on sequences
+// [seq_begin, seq_end) (−1 = all; measure on held-out sequences when the rotations
+// were calibrated on the others). `transforms` (optional) gives calibrated per-head
+// rotations; otherwise policy_transform() is used.
 inline double layer_output_error(const LayerActivations& a, const Policy& p, const OptRConfig& cfg,
-                                 const std::vector<HeadTransform>* transforms = nullptr) {
+                                 const std::vector<HeadTransform>* transforms = nullptr, int seq_begin = 0,
+                                 int seq_end = -1) {
   double e = 0;
   for (int h = 0; h < a.hkv; ++h) {
-    const HeadData hd = extract_head(a, h);
+    const HeadData hd = extract_head(a, h, seq_begin, seq_end);
     const HeadTransform t = transforms ? transforms->at(h) : policy_transform(p, hd);
     e += head_output_error(hd, p, t, cfg);
   }
