@@ -8,7 +8,11 @@
 // ∂L/∂A = ∂L/∂S − (∂L/∂S)ᵀ.
 #pragma once
 
+#include <cmath>
+#include <complex>
+
 #include <Eigen/Core>
+#include <Eigen/Eigenvalues>
 #include <unsupported/Eigen/MatrixFunctions>
 
 namespace kvq::calib {
@@ -43,6 +47,29 @@ inline MatD expm_frechet_adjoint(const MatD& S, const MatD& G) {
   B.topRightCorner(d, d) = G;
   const MatD E = B.exp();
   return E.topRightCorner(d, d);
+}
+
+// The same adjoint for skew S, by diagonalization: iS is Hermitian, iS = U·diag(ν)·U*,
+// so Sᵀ = −S = U·diag(iν)·U* and L_exp(Sᵀ, G) = U·(Φ ∘ (U*·G·U))·U* with the divided
+// differences Φ_jk = (e^{iν_j} − e^{iν_k})/(iν_j − iν_k) = e^{i(ν_j+ν_k)/2}·sinc((ν_j−ν_k)/2),
+// which is stable for close eigenvalues. An independent check of the block exponential
+// (tests/calib); not faster with Eigen's complex Hermitian eigensolver at d = 64.
+inline MatD expm_frechet_adjoint_skew(const MatD& S, const MatD& G) {
+  using C = std::complex<double>;
+  using MatC = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic>;
+  const Eigen::Index d = S.rows();
+  const MatC H = C(0, 1) * S.cast<C>();
+  Eigen::SelfAdjointEigenSolver<MatC> es(H);
+  const MatC& U = es.eigenvectors();
+  const Eigen::VectorXd& nu = es.eigenvalues();
+  MatC X = U.adjoint() * G.cast<C>() * U;
+  for (Eigen::Index j = 0; j < d; ++j)
+    for (Eigen::Index k = 0; k < d; ++k) {
+      const double h = 0.5 * (nu[j] - nu[k]);
+      const double sinc = std::abs(h) < 1e-8 ? 1.0 - h * h / 6.0 : std::sin(h) / h;
+      X(j, k) *= std::polar(sinc, 0.5 * (nu[j] + nu[k]));
+    }
+  return (U * X * U.adjoint()).real();
 }
 
 // ∂L/∂A for R = R0·exp(A − Aᵀ), given dLdR = ∂L/∂R.   all [d, d]
