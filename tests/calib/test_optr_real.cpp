@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "kvq/calib/activation_file.hpp"
+#include "kvq/calib/artifact.hpp"
 #include "kvq/calib/bit_allocation.hpp"
 #include "kvq/calib/optr.hpp"
 
@@ -73,3 +74,64 @@ TEST(OptRReal, LowersHeldOutLossesOnSmolLM2) {
 }
 
 }  // namespace
+
+// The artifact drives the deployed host cache: the same held-out sequence, appended to
+// a kvq::HostKVCache<K2V2_R> with the artifact's μ_K, R_K, R_V (sink 64, recent 256,
+// flush 1, so exactly the calibration's tokens are quantized), gives a lower post-W_O
+// error with the OptR rotations than with the base rotations, and the calibration's
+// fp64 error model predicts the deployed error.
+TEST(OptRReal, ArtifactDrivesTheHostCache) {
+  if (!std::filesystem::exists(kFixture)) GTEST_SKIP() << "fixture missing: " << kFixture;
+  auto layers = read_activations(kFixture, {15});
+  const LayerActivations& a = layers[0];
+  OptRConfig cfg;
+  const Artifact learned = make_artifact(calibrate(layers, kP, cfg), kP, cfg, "test");
+  cfg.steps = 0;
+  const Artifact base = make_artifact(calibrate(layers, kP, cfg), kP, cfg, "test");
+  const int d = a.head_dim, hq = a.hq, hkv = a.hkv, g = a.group_size();
+  const int ns = a.n_seq(), t0 = static_cast<int>(a.seq_offsets[ns - 1]), L = static_cast<int>(a.seq_offsets[ns]) - t0;
+  const int nq = cfg.qwin;
+  auto deployed_error = [&](const Artifact& art) {
+    kvq::HostCacheOptions o;
+    o.num_kv_heads = hkv;
+    o.num_qo_heads = hq;
+    o.sink_tokens = cfg.prefix;
+    o.recent_tokens = cfg.recent;
+    o.flush_block = 1;
+    o.max_query_tokens = nq;
+    kvq::HostKVCache<kP> cache(o, layer_params<kP>(art, a.layer));
+    cache.append(a.k.data() + static_cast<std::size_t>(t0) * hkv * d, a.v.data() + static_cast<std::size_t>(t0) * hkv * d, L);
+    std::vector<float> out(static_cast<std::size_t>(nq) * hq * d);
+    const float* q = a.q.data() + static_cast<std::size_t>(t0 + L - nq) * hq * d;
+    cache.attend(q, nq, out.data());
+    // Exact reference in fp64 and the post-W_O error, averaged like the calibration's.
+    double err = 0;
+    for (int h = 0; h < hkv; ++h) {
+      const HeadData hd = extract_head(a, h, ns - 1, ns);
+      for (int j = 0; j < g; ++j)
+        for (int i = 0; i < nq; ++i) {
+          const int n = L - nq + i + 1;
+          Eigen::RowVectorXd z = (1.0 / std::sqrt(double(d))) * hd.Q[j].row(L - nq + i) * hd.K.topRows(n).transpose();
+          z.array() -= z.maxCoeff();
+          z = z.array().exp().matrix();
+          const Eigen::RowVectorXd ref = (z / z.sum()) * hd.V.topRows(n);
+          Eigen::RowVectorXd got(d);
+          for (int c = 0; c < d; ++c) got[c] = out[(static_cast<std::size_t>(i) * hq + h * g + j) * d + c];
+          err += ((got - ref) * hd.W[j].transpose()).squaredNorm() / a.hidden;
+        }
+    }
+    return err / (double(nq) * hq);
+  };
+  auto predicted_error = [&](const Artifact& art) {
+    const auto t = head_transforms(art, a.layer);
+    return layer_output_error(a, kP, cfg, &t, ns - 1, ns);
+  };
+  const double dep_learned = deployed_error(learned), dep_base = deployed_error(base);
+  const double pred_learned = predicted_error(learned), pred_base = predicted_error(base);
+  std::printf("layer 15 held-out post-W_O error through HostKVCache: base %.4e, OptR %.4e (model: %.4e, %.4e)\n",
+              dep_base, dep_learned, pred_base, pred_learned);
+  EXPECT_LT(dep_learned, dep_base);
+  // Measured agreement is ~1e-5 relative (fp32 attention vs fp64 model).
+  EXPECT_NEAR(dep_learned, pred_learned, 0.01 * pred_learned);
+  EXPECT_NEAR(dep_base, pred_base, 0.01 * pred_base);
+}
