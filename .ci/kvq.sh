@@ -54,7 +54,8 @@ case "${1:-}" in
     build cpu kvq_fuzz_gguf
     secs=${KVQ_FUZZ_SECONDS:-60}
     mkdir -p build/fuzz/gguf
-    ./build/cpu/tests/io/kvq_fuzz_gguf -max_total_time="$secs" -rss_limit_mb=2048 build/fuzz/gguf
+    ./build/cpu/tests/io/kvq_fuzz_gguf -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
+      build/fuzz/gguf tests/io/fuzz_gguf_seeds
     ;;
   *)
     sed -n '2,10p' "$0"
