@@ -51,11 +51,13 @@ case "${1:-}" in
     ;;
   fuzz)
     deps
-    build cpu kvq_fuzz_gguf
+    build cpu kvq_fuzz_gguf kvq_fuzz_safetensors
     secs=${KVQ_FUZZ_SECONDS:-60}
-    mkdir -p build/fuzz/gguf
-    ./build/cpu/tests/io/kvq_fuzz_gguf -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
-      build/fuzz/gguf tests/io/fuzz_gguf_seeds
+    for reader in gguf safetensors; do
+      mkdir -p "build/fuzz/$reader"
+      "./build/cpu/tests/io/kvq_fuzz_$reader" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
+        "build/fuzz/$reader" "tests/io/fuzz_${reader}_seeds"
+    done
     ;;
   *)
     sed -n '2,10p' "$0"
