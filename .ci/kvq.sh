@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # kvq developer entry point; the README's two commands call it.
 #
-#   .ci/kvq.sh main   build and run the main job (policy comparison on the embedded default)
+#   .ci/kvq.sh main   the main job: policy comparison on a synthetic layer (quickstart), then
+#                     rotations vs OptR on the committed real SmolLM2 activations (calib_compare;
+#                     markdown, CSV and SVG in build/report/)
 #   .ci/kvq.sh test   build everything (CUDA when nvcc is found) and run the whole test suite
 #   .ci/kvq.sh asan   CPU tests under ASan+UBSan
 #   .ci/kvq.sh fuzz   bounded libFuzzer runs of the file readers (needs clang)
@@ -36,8 +38,10 @@ build() {  # build <preset> [targets...]
 case "${1:-}" in
   main)
     deps
-    build cpu kvq_quickstart
+    build cpu kvq_quickstart calib_compare
     ./build/cpu/examples/kvq_quickstart "${@:2}"
+    mkdir -p build/report
+    ./build/cpu/benchmarks/calib/calib_compare tests/data/smollm2/activations_l2_15_28.safetensors build/report
     ;;
   test)
     deps
