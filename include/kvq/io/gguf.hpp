@@ -30,6 +30,7 @@
 #include <variant>
 #include <vector>
 
+#include "kvq/io/file.hpp"
 #include "kvq/core/numeric.hpp"
 #include "kvq/core/status.hpp"
 
@@ -288,18 +289,6 @@ inline GGUFValue read_value(Cursor& c, GGUFType t, int depth) {
   return v;
 }
 
-inline std::vector<std::byte> read_file_bytes(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary | std::ios::ate);
-  if (!f) throw Error(StatusCode::io_error, "cannot open '" + p.string() + "'");
-  const std::streamoff n = f.tellg();
-  if (n < 0) throw Error(StatusCode::io_error, "cannot size '" + p.string() + "'");
-  std::vector<std::byte> buf(static_cast<std::size_t>(n));
-  f.seekg(0);
-  if (n > 0 && !f.read(reinterpret_cast<char*>(buf.data()), n))
-    throw Error(StatusCode::io_error, "short read from '" + p.string() + "'");
-  return buf;
-}
-
 inline float f16(const std::byte* p) {
   std::uint16_t b;
   std::memcpy(&b, p, 2);
@@ -315,7 +304,7 @@ class GGUFFile {
 
   static GGUFFile open(const std::filesystem::path& path) {
     try {
-      return from_bytes(gguf_detail::read_file_bytes(path));
+      return from_bytes(read_file_bytes(path));
     } catch (const Error& e) {
       if (e.code() == StatusCode::io_error) throw;
       throw Error(e.code(), std::string(e.what()) + " in '" + path.string() + "'");

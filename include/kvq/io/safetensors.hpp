@@ -28,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kvq/io/file.hpp"
 #include "kvq/core/numeric.hpp"
 #include "kvq/core/status.hpp"
 
@@ -96,18 +97,6 @@ namespace detail {
   throw Error(StatusCode::corrupt_data, "safetensors: " + msg);
 }
 
-inline std::vector<std::byte> read_file_bytes(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary | std::ios::ate);
-  if (!f) throw Error(StatusCode::io_error, "cannot open '" + p.string() + "'");
-  const std::streamoff n = f.tellg();
-  if (n < 0) throw Error(StatusCode::io_error, "cannot size '" + p.string() + "'");
-  std::vector<std::byte> buf(static_cast<std::size_t>(n));
-  f.seekg(0);
-  if (n > 0 && !f.read(reinterpret_cast<char*>(buf.data()), n))
-    throw Error(StatusCode::io_error, "short read from '" + p.string() + "'");
-  return buf;
-}
-
 // Product of dims, or false when any dim is negative or the product overflows `limit`.
 inline bool checked_numel(const std::vector<std::int64_t>& shape, std::uint64_t limit,
                           std::uint64_t& out) {
@@ -130,7 +119,7 @@ class SafetensorsFile {
  public:
   static SafetensorsFile open(const std::filesystem::path& path) {
     try {
-      return from_bytes(detail::read_file_bytes(path));
+      return from_bytes(read_file_bytes(path));
     } catch (const Error& e) {
       if (e.code() == StatusCode::io_error) throw;
       throw Error(e.code(), std::string(e.what()) + " (in '" + path.string() + "')");
