@@ -49,13 +49,6 @@ KVQ_HOST_DEVICE float merge_weights(float lse1, float lse2, float& w1, float& w2
   return m + log_f(sum);
 }
 
-// o ← merge((o, lse), (o2, lse2)) for one row of length n.
-KVQ_HOST_DEVICE void merge_state_inplace(float* o, float& lse, const float* o2, float lse2, int n) {
-  float w1, w2;
-  lse = merge_weights(lse, lse2, w1, w2);
-  for (int i = 0; i < n; ++i) o[i] = w1 * o[i] + w2 * o2[i];
-}
-
 // Batched merge. o1, o2, out: [rows, n]; lse1, lse2, lse_out: [rows]. out may alias o1.
 inline void merge_states(const float* o1, const float* lse1, const float* o2, const float* lse2,
                          int rows, int n, float* out, float* lse_out) {

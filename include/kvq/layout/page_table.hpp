@@ -29,9 +29,8 @@ struct PageTableView {
     const int n = num_pages(b);
     return n == 0 ? 0 : (n - 1) * page_size + last_page_len[b];
   }
-  // Page number and slot of token t of sequence b (t < seq_len(b)).
+  // Page number of token t of sequence b (t < seq_len(b)); its slot is t % page_size.
   KVQ_HOST_DEVICE int page_of(int b, int t) const { return indices[indptr[b] + t / page_size]; }
-  KVQ_HOST_DEVICE static int slot_of(int t, int page_size) { return t % page_size; }
 };
 
 // Checks the whole table against a pool of `num_pages` pages. Host memory only.
