@@ -28,11 +28,11 @@ deps() {
   if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 }
 
-build() {  # build <preset> [targets...]
+build() {  # build <preset> [targets...]; presets are initial caches in cmake/presets/
   local preset=$1; shift
-  cmake --preset "$preset" >/dev/null
-  if (($#)); then cmake --build --preset "$preset" -j "$JOBS" --target "$@"
-  else cmake --build --preset "$preset" -j "$JOBS"; fi
+  cmake -S . -B "build/$preset" -C "cmake/presets/$preset.cmake" >/dev/null
+  if (($#)); then cmake --build "build/$preset" -j "$JOBS" --target "$@"
+  else cmake --build "build/$preset" -j "$JOBS"; fi
 }
 
 case "${1:-}" in
@@ -46,12 +46,13 @@ case "${1:-}" in
   test)
     deps
     build default
-    ctest --preset default -j "$JOBS"
+    ctest --test-dir build/default --output-on-failure -j "$JOBS"
     ;;
   asan)
     deps
     build asan
-    ctest --preset asan -j "$JOBS" -E '^package\.'
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      ctest --test-dir build/asan --output-on-failure -j "$JOBS" -E '^package\.'
     ;;
   fuzz)
     deps
