@@ -121,9 +121,7 @@ Status dequantize_sequence(const ConstPagedCacheView<P>& cache, const PageTableV
       dequantize_row<P.value, D>(reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(page, h, slot)),
                                  reinterpret_cast<const meta_storage_t<P.value.meta>*>(cache.layout.value_meta_bytes(page, h, slot)), v);
       // Keys: k̂ = u·R_Kᵀ + μ_K.
-      detail::rotate_inverse<P.key, D>(k, r.key_rotation + (P.key.rotation == Rotation::dense ? h * D * D : 0), scratch);
-      if constexpr (P.key.centered)
-        for (int i = 0; i < D; ++i) k[i] = add_rn(k[i], r.key_mean[h * D + i]);
+      detail::unrotate_uncenter<P.key, D>(k, h, r.key_mean, r.key_rotation, scratch);
       untransform_output<P>(v, h, r, scratch);
     }
   }

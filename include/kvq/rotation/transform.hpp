@@ -58,24 +58,40 @@ KVQ_HOST_DEVICE void rotate_inverse(float* x, const float* dense_r, float* scrat
     for (int i = 0; i < D; ++i) x[i] = scratch[i];
   }
 }
+
+// Per-head slice of a [Hkv, D, D] rotation (nullptr-safe when the spec is not dense).
+template <QuantSpec S, int D>
+KVQ_HOST_DEVICE const float* head_rotation(const float* r, int h) {
+  return r + (S.rotation == Rotation::dense ? h * D * D : 0);
+}
+
+// x ← (x − mean_h)·R_h as the spec prescribes (centering and rotation both optional).
+template <QuantSpec S, int D>
+KVQ_HOST_DEVICE void center_rotate(float* x, int h, const float* mean, const float* rotation, float* scratch) {
+  if constexpr (S.centered)
+    for (int i = 0; i < D; ++i) x[i] = sub_rn(x[i], mean[h * D + i]);
+  rotate_forward<S, D>(x, head_rotation<S, D>(rotation, h), scratch);
+}
+
+// x ← x·R_hᵀ + mean_h (the inverse of center_rotate).
+template <QuantSpec S, int D>
+KVQ_HOST_DEVICE void unrotate_uncenter(float* x, int h, const float* mean, const float* rotation, float* scratch) {
+  rotate_inverse<S, D>(x, head_rotation<S, D>(rotation, h), scratch);
+  if constexpr (S.centered)
+    for (int i = 0; i < D; ++i) x[i] = add_rn(x[i], mean[h * D + i]);
+}
 }  // namespace detail
 
 // x [D] (raw key of KV head h) → stored-basis key u, in place. scratch: [D].
 template <Policy P>
 KVQ_HOST_DEVICE void transform_key(float* x, int h, const RotationParams& r, float* scratch) {
-  constexpr int D = P.head_dim;
-  if constexpr (P.key.centered)
-    for (int i = 0; i < D; ++i) x[i] = sub_rn(x[i], r.key_mean[h * D + i]);
-  detail::rotate_forward<P.key, D>(x, r.key_rotation + (P.key.rotation == Rotation::dense ? h * D * D : 0), scratch);
+  detail::center_rotate<P.key, P.head_dim>(x, h, r.key_mean, r.key_rotation, scratch);
 }
 
 // x [D] (raw value of KV head h) → stored-basis value w, in place.
 template <Policy P>
 KVQ_HOST_DEVICE void transform_value(float* x, int h, const RotationParams& r, float* scratch) {
-  constexpr int D = P.head_dim;
-  if constexpr (P.value.centered)
-    for (int i = 0; i < D; ++i) x[i] = sub_rn(x[i], r.value_mean[h * D + i]);
-  detail::rotate_forward<P.value, D>(x, r.value_rotation + (P.value.rotation == Rotation::dense ? h * D * D : 0), scratch);
+  detail::center_rotate<P.value, P.head_dim>(x, h, r.value_mean, r.value_rotation, scratch);
 }
 
 // Query row for KV head h: q ← q·R_K in place; returns q·μ_K (0 when keys are not
@@ -86,17 +102,14 @@ KVQ_HOST_DEVICE float transform_query(float* q, int h, const RotationParams& r, 
   float shift = 0.f;
   if constexpr (P.key.centered)
     for (int i = 0; i < D; ++i) shift += q[i] * r.key_mean[h * D + i];
-  detail::rotate_forward<P.key, D>(q, r.key_rotation + (P.key.rotation == Rotation::dense ? h * D * D : 0), scratch);
+  detail::rotate_forward<P.key, D>(q, detail::head_rotation<P.key, D>(r.key_rotation, h), scratch);
   return shift;
 }
 
 // Rotated-basis attention output ô [D] of KV head h → o = ô·R_Vᵀ + ν_V, in place.
 template <Policy P>
 KVQ_HOST_DEVICE void untransform_output(float* o, int h, const RotationParams& r, float* scratch) {
-  constexpr int D = P.head_dim;
-  detail::rotate_inverse<P.value, D>(o, r.value_rotation + (P.value.rotation == Rotation::dense ? h * D * D : 0), scratch);
-  if constexpr (P.value.centered)
-    for (int i = 0; i < D; ++i) o[i] = add_rn(o[i], r.value_mean[h * D + i]);
+  detail::unrotate_uncenter<P.value, P.head_dim>(o, h, r.value_mean, r.value_rotation, scratch);
 }
 
 }  // namespace kvq
