@@ -1,7 +1,7 @@
 // libFuzzer target for the GGUF reader: any input must either parse or raise
 // kvq::Error, and everything a parsed file exposes (metadata accessors, tensor
 // dequantization) must stay in bounds. Built with clang -fsanitize=fuzzer,address,undefined
-// by the kvq_fuzz_gguf target; run it with tests/io/run_fuzz_gguf.sh.
+// by the kvq_fuzz_gguf target; `.ci/kvq.sh fuzz` runs it for a bounded time.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
