@@ -102,9 +102,14 @@ void add_windows(CLI::App* app, Common& c) {
 }
 
 int run_optr(Common& c, const std::string& policy_name, const std::string& out, const std::string& base,
-             const std::string& param) {
+             const std::string& param, bool zero_key_mean) {
   auto ls = load(c);
   const kvq::Policy P = policy_by_name(policy_name, ls.front().head_dim);
+  // --zero-key-mean calibrates without key centering and stores μ_K = 0: subtracting a
+  // zero mean is exact, so the artifact still loads into the (centering) preset and
+  // deploys as "no key centering".
+  kvq::Policy calibrated = P;
+  if (zero_key_mean) calibrated.key.centered = false;
   if (base == "hadamard") c.cfg.base = BaseKind::hadamard;
   else if (base == "covariance") c.cfg.base = BaseKind::covariance;
   else if (base == "identity") c.cfg.base = BaseKind::identity;
@@ -116,7 +121,7 @@ int run_optr(Common& c, const std::string& policy_name, const std::string& out, 
              policy_name, describe(P), base, param, c.cfg.steps, c.cfg.lr, c.cfg.lambda, c.cfg.margin,
              c.cfg.prefix, c.cfg.recent, c.cfg.qwin);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto res = calibrate(ls, P, c.cfg, [](const LayerResult& l) {
+  const auto res = calibrate(ls, calibrated, c.cfg, [](const LayerResult& l) {
     int kk = 0, vk = 0;
     for (const auto& h : l.heads) kk += h.k.kept, vk += h.v.kept;
     fmt::print("  layer {:3d} done in {:6.2f}s  kept K {}/{}  V {}/{}\n", l.layer, l.seconds, kk, l.heads.size(),
@@ -140,7 +145,9 @@ int run_optr(Common& c, const std::string& policy_name, const std::string& out, 
     }
   fmt::print("\nheld-out loss lowered on K {}/{} heads, V {}/{} heads; calibration {:.1f}s\n", kbetter, heads,
              vbetter, heads, secs);
-  write_artifact(make_artifact(res, P, c.cfg, c.input), out);
+  Artifact art = make_artifact(res, P, c.cfg, c.input);
+  art.info["key_mean"] = calibrated.key.centered ? "measured" : "zero";
+  write_artifact(art, out);
   fmt::print("wrote {}\n", out);
   return 0;
 }
@@ -259,6 +266,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   optr->add_option("--eval-every", oc.cfg.eval_every, "held-out evaluation period")->capture_default_str();
   optr->add_option("--heldout", oc.cfg.heldout_fraction, "fraction of sequences held out")->capture_default_str();
+  bool zero_key_mean = false;
+  optr->add_flag("--zero-key-mean", zero_key_mean,
+                 "calibrate without key centering and store mu_K = 0 (deploys as no centering)");
 
   Common ac;
   double budget = 3.0;
@@ -279,7 +289,7 @@ int main(int argc, char** argv) {
     if (c.threads > 0) omp_set_num_threads(c.threads);
 #endif
     c.cfg.validate();
-    if (optr->parsed()) return run_optr(oc, policy, out, base, param);
+    if (optr->parsed()) return run_optr(oc, policy, out, base, param, zero_key_mean);
     return run_allocate(ac, budget, cands, table, artifact);
   } catch (const std::exception& e) {
     fmt::print(stderr, "kvq_calib: error: {}\n", e.what());

@@ -148,15 +148,24 @@ class Model {
     }
   }
 
-  // One cache per layer for a policy name ("fp32" or a kvq preset), head_dim 64.
+  // One cache per layer for a policy name ("fp32" or a kvq preset), head_dim 64 or 128.
   std::vector<std::unique_ptr<kvq::KVCache>> make_caches(const std::string& policy, kvq::HostCacheOptions opt,
                                                          const std::vector<kvq::LayerParams>* params = nullptr) const {
+    return make_caches(std::vector<std::string>(cfg.n_layers, policy), opt, params);
+  }
+
+  // Per-layer policies (a bit-allocation table): layer_policy[l] for layer l.
+  std::vector<std::unique_ptr<kvq::KVCache>> make_caches(const std::vector<std::string>& layer_policy,
+                                                         kvq::HostCacheOptions opt,
+                                                         const std::vector<kvq::LayerParams>* params = nullptr) const {
+    if (static_cast<int>(layer_policy.size()) != cfg.n_layers || (params && static_cast<int>(params->size()) != cfg.n_layers))
+      throw kvq::Error(kvq::StatusCode::invalid_argument, "model: need one policy (and parameter set) per layer");
     opt.num_kv_heads = cfg.n_kv_heads;
     opt.num_qo_heads = cfg.n_heads;
     std::vector<std::unique_ptr<kvq::KVCache>> caches;
     kvq::throw_if_error(kvq::dispatch_head_dim<64, 128>(cfg.head_dim, [&]<int D>() {
       for (int l = 0; l < cfg.n_layers; ++l)
-        caches.push_back(kvq::make_kv_cache<D>(policy, opt, params ? (*params)[l] : kvq::LayerParams{}));
+        caches.push_back(kvq::make_kv_cache<D>(layer_policy[l], opt, params ? (*params)[l] : kvq::LayerParams{}));
     }));
     return caches;
   }

@@ -12,6 +12,7 @@
 // so the sink/recent windows behave as in block-wise decoding.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cctype>
@@ -175,42 +176,113 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 struct EvalArgs {
   std::string text, policies = "fp32,K8V8,K4V4,K4V2,K2V4,K2V2", csv;
-  std::vector<std::string> artifacts;  // PATH (all *_R policies) or POLICY=PATH
+  std::vector<std::string> artifacts;       // PATH (all *_R policies), POLICY=PATH or TAG=PATH
+  std::vector<std::string> layer_policies;  // per-layer tables (kvq_calib allocate)
   int tokens = 8192, ctx = 1024, calib_tokens = 4096;
 };
+
+// One evaluated cache configuration: per layer a policy and its run-time parameters.
+struct Run {
+  std::string label;
+  std::vector<std::string> policy;       // [n_layers]
+  std::vector<kvq::LayerParams> params;  // [n_layers]
+  double bits = 32;                      // mean bits/element over layers
+  bool is_fp() const { return label == "fp32"; }
+};
+
+// Per-layer policies of a `kvq_calib allocate` table (header, then `layer,policy,...`).
+std::vector<std::string> read_layer_table(const std::string& path, int n_layers) {
+  std::ifstream is(path);
+  if (!is) throw kvq::Error(kvq::StatusCode::io_error, "cannot read layer table '" + path + "'");
+  std::vector<std::string> out(n_layers);
+  std::string line;
+  std::getline(is, line);  // header
+  while (std::getline(is, line)) {
+    if (line.empty()) continue;
+    const auto f = split_csv(line);
+    int layer = -1;
+    try {
+      layer = f.size() >= 2 ? std::stoi(f[0]) : -1;
+    } catch (const std::exception&) {
+    }
+    if (layer < 0 || layer >= n_layers || !out[layer].empty())
+      throw kvq::Error(kvq::StatusCode::invalid_argument, "layer table '" + path + "': bad or repeated row '" + line + "'");
+    out[layer] = f[1];
+  }
+  for (int l = 0; l < n_layers; ++l)
+    if (out[l].empty())
+      throw kvq::Error(kvq::StatusCode::invalid_argument,
+                       fmt::format("layer table '{}' has no row for layer {} (it must cover all {} layers)", path, l, n_layers));
+  return out;
+}
 
 int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& ca) {
   auto L = load(model_path);
   const Model& m = L->model;
+  const int n_layers = m.cfg.n_layers;
   const auto all = encode_prefix(L->tok, smollm2::read_text(a.text), std::size_t(a.tokens) + a.calib_tokens);
   if (static_cast<int>(all.size()) < a.tokens + 2)
     throw kvq::Error(kvq::StatusCode::invalid_argument,
                      fmt::format("text has {} tokens, fewer than --tokens {}", all.size(), a.tokens));
   const std::vector<int> eval(all.begin(), all.begin() + a.tokens);
-  auto policies = split_csv(a.policies);
-  if (std::find(policies.begin(), policies.end(), "fp32") == policies.end()) policies.insert(policies.begin(), "fp32");
-  std::stable_partition(policies.begin(), policies.end(), [](const std::string& p) { return p == "fp32"; });
+
+  // Runs: fp32 first, then the --policies entries (NAME or NAME@TAG), then the tables.
+  std::vector<Run> runs;
+  std::vector<std::string> tags;  // artifact key of each run's dense layers ("" = by policy name)
+  auto add_run = [&](std::string label, std::vector<std::string> policy, std::string tag) {
+    Run r;
+    r.label = std::move(label);
+    r.policy = std::move(policy);
+    r.bits = 0;
+    for (const auto& p : r.policy) r.bits += policy_bits(p, m.cfg.head_dim) / n_layers;
+    runs.push_back(std::move(r));
+    tags.push_back(std::move(tag));
+  };
+  add_run("fp32", std::vector<std::string>(n_layers, "fp32"), "");
+  for (const auto& entry : split_csv(a.policies)) {
+    if (entry == "fp32") continue;
+    const auto at = entry.find('@');
+    add_run(entry, std::vector<std::string>(n_layers, entry.substr(0, at)), at == std::string::npos ? "" : entry.substr(at + 1));
+  }
+  for (const auto& path : a.layer_policies)
+    add_run("table:" + std::filesystem::path(path).stem().string(), read_layer_table(path, n_layers), "");
 
   // Key means for centering presets: from the tokens that follow the evaluated ones.
   std::vector<kvq::LayerParams> means;
-  if (std::any_of(policies.begin(), policies.end(), policy_centers_keys)) {
+  const bool any_centered = std::any_of(runs.begin(), runs.end(), [](const Run& r) {
+    return std::any_of(r.policy.begin(), r.policy.end(), policy_centers_keys);
+  });
+  if (any_centered) {
     const int n = std::min<int>(a.calib_tokens, static_cast<int>(all.size()) - a.tokens);
     const std::vector<int> calib(all.begin() + a.tokens, all.begin() + a.tokens + n);
     fmt::print(stderr, "key means from {} tokens after the evaluated span\n", calib.size());
     means = key_means(m, calib, a.ctx, ca);
   }
-
-  std::map<std::string, std::vector<kvq::LayerParams>> learned;
-  for (const auto& pol : policies)
-    if (policy_needs_artifact(pol)) {
-      std::string path;
-      for (const auto& art : a.artifacts) {
-        const auto eq = art.find('=');
-        if (eq == std::string::npos && path.empty()) path = art;
-        if (eq != std::string::npos && art.substr(0, eq) == pol) path = art.substr(eq + 1);
-      }
-      learned[pol] = artifact_params(path, pol, m.cfg.n_layers, m.cfg.head_dim);
+  // Learned rotations: the artifact named by the run's tag, else by the policy, else the bare path.
+  std::map<std::string, std::vector<kvq::LayerParams>> learned;  // by "path|policy"
+  auto artifact_for = [&](const std::string& tag, const std::string& pol) -> const std::vector<kvq::LayerParams>& {
+    std::string path, by_policy, bare;
+    for (const auto& art : a.artifacts) {
+      const auto eq = art.find('=');
+      if (eq == std::string::npos) bare = art;
+      else if (!tag.empty() && art.substr(0, eq) == tag) path = art.substr(eq + 1);
+      else if (art.substr(0, eq) == pol) by_policy = art.substr(eq + 1);
     }
+    if (!tag.empty() && path.empty())
+      throw kvq::Error(kvq::StatusCode::invalid_argument, "no --artifact " + tag + "=PATH for policy entry " + pol + "@" + tag);
+    if (path.empty()) path = by_policy.empty() ? bare : by_policy;
+    const std::string key = path + "|" + pol;
+    if (!learned.count(key)) learned[key] = artifact_params(path, pol, n_layers, m.cfg.head_dim);
+    return learned[key];
+  };
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    runs[r].params.resize(n_layers);
+    for (int l = 0; l < n_layers; ++l) {
+      const std::string& pol = runs[r].policy[l];
+      if (policy_needs_artifact(pol)) runs[r].params[l] = artifact_for(tags[r], pol)[l];
+      else if (policy_centers_keys(pol)) runs[r].params[l] = means[l];
+    }
+  }
 
   struct Acc {
     double nll = 0, kl = 0, kl_far = 0;
@@ -218,7 +290,7 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
     double bytes_per_token = 0;
     double secs = 0;
   };
-  std::map<std::string, Acc> acc;
+  std::vector<Acc> acc(runs.size());
   const int n_chunks = a.tokens / a.ctx;
   RowMat logits;
   std::vector<std::vector<double>> fp_logp;  // [ctx][vocab] of the fp32 run
@@ -227,18 +299,16 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
   const auto t_start = std::chrono::steady_clock::now();
   for (int c = 0; c < n_chunks; ++c) {
     const std::vector<int> chunk(eval.begin() + c * a.ctx, eval.begin() + (c + 1) * a.ctx);
-    for (const auto& pol : policies) {
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      const Run& run = runs[r];
       const auto t0 = std::chrono::steady_clock::now();
-      const std::vector<kvq::LayerParams>* params =
-          policy_centers_keys(pol) ? &means : learned.count(pol) ? &learned[pol] : nullptr;
-      auto caches = m.make_caches(pol, ca.options(), params);
+      auto caches = m.make_caches(run.policy, ca.options(), &run.params);
       run_sequence(m, chunk, caches, ca.block, &logits);
-      Acc& A = acc[pol];
+      Acc& A = acc[r];
       std::size_t bytes = 0;
       for (const auto& cc : caches) bytes += cc->bytes();
       A.bytes_per_token += double(bytes) / a.ctx / n_chunks;
-      const bool is_fp = pol == "fp32";
-      if (is_fp) {
+      if (run.is_fp()) {
         fp_logp.resize(a.ctx);
         fp_top.resize(a.ctx);
       }
@@ -247,7 +317,7 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
         A.nll -= lp[chunk[t + 1]];
         ++A.scored;
         const int top = static_cast<int>(std::max_element(lp.begin(), lp.end()) - lp.begin());
-        if (is_fp) {
+        if (run.is_fp()) {
           fp_logp[t] = lp;
           fp_top[t] = top;
           continue;
@@ -263,28 +333,29 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
         }
       }
       A.secs += seconds_since(t0);
-      fmt::print(stderr, "[chunk {}/{}] {:<8} ppl so far {:8.4f}  ({:.1f}s, {:.0f}s total)\n", c + 1, n_chunks, pol,
-                 std::exp(A.nll / double(A.scored)), seconds_since(t0), seconds_since(t_start));
+      fmt::print(stderr, "[chunk {}/{}] {:<8} ppl so far {:8.4f}  ({:.1f}s, {:.0f}s total)\n", c + 1, n_chunks,
+                 run.label, std::exp(A.nll / double(A.scored)), seconds_since(t0), seconds_since(t_start));
     }
   }
 
   std::FILE* csv = a.csv.empty() ? nullptr : std::fopen(a.csv.c_str(), "w");
+  if (!a.csv.empty() && !csv) throw kvq::Error(kvq::StatusCode::io_error, "cannot write '" + a.csv + "'");
   if (csv) fmt::print(csv, "policy,bits_per_element,cache_bytes_per_token,ppl,kl,kl_far,top1\n");
   fmt::print("SmolLM2-135M, {} tokens of {} in {} chunks of {} (block {}, sink {}, recent {})\n", a.tokens, a.text,
              n_chunks, a.ctx, ca.block, ca.sink, ca.recent);
-  fmt::print("{:<9} {:>9} {:>12} {:>10} {:>11} {:>11} {:>8}\n", "policy", "bits/elem", "bytes/token", "ppl",
-             "KL", "KL(t>=W)", "top1");
-  for (const auto& pol : policies) {
-    const Acc& A = acc[pol];
+  fmt::print("{:<16} {:>9} {:>12} {:>10} {:>11} {:>11} {:>8}\n", "policy", "bits/elem", "bytes/token", "ppl", "KL",
+             "KL(t>=W)", "top1");
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const Acc& A = acc[r];
     const double ppl = std::exp(A.nll / double(A.scored));
-    const bool fp = pol == "fp32";
+    const bool fp = runs[r].is_fp();
     const double kl = fp ? 0 : A.kl / double(A.scored), klf = fp || !A.far ? 0 : A.kl_far / double(A.far);
     const double top1 = fp ? 1 : double(A.agree) / double(A.scored);
-    fmt::print("{:<9} {:>9.3f} {:>12.0f} {:>10.4f} {:>11.3e} {:>11.3e} {:>8.4f}\n", pol, policy_bits(pol, m.cfg.head_dim),
+    fmt::print("{:<16} {:>9.3f} {:>12.0f} {:>10.4f} {:>11.3e} {:>11.3e} {:>8.4f}\n", runs[r].label, runs[r].bits,
                A.bytes_per_token, ppl, kl, klf, top1);
     if (csv)
-      fmt::print(csv, "{},{:.4f},{:.1f},{:.5f},{:.6e},{:.6e},{:.5f}\n", pol, policy_bits(pol, m.cfg.head_dim),
-                 A.bytes_per_token, ppl, kl, klf, top1);
+      fmt::print(csv, "{},{:.4f},{:.1f},{:.5f},{:.6e},{:.6e},{:.5f}\n", runs[r].label, runs[r].bits, A.bytes_per_token,
+                 ppl, kl, klf, top1);
   }
   if (csv) std::fclose(csv);
   return 0;
@@ -333,7 +404,7 @@ int cmd_generate(const std::string& model_path, const std::string& prompt, bool 
 struct CaptureArgs {
   std::string text, out, layers = "all", dtype = "f32";
   int seq_len = 512, seqs = 4, skip = 0;
-  bool save_ids = false;
+  bool save_ids = false, save_kv_weights = false;
 };
 
 int cmd_capture(const std::string& model_path, const CaptureArgs& a, const CacheArgs& ca) {
@@ -387,6 +458,12 @@ int cmd_capture(const std::string& model_path, const CaptureArgs& a, const Cache
     add(p + "v", {Ltot, c.n_kv_heads, d}, cap.v[l].data(), cap.v[l].size());
     const RowMat& wo = m.layers[l].wo;  // [D, Hq·d]
     add(p + "w_o", {c.hidden, c.n_heads * d}, wo.data(), static_cast<std::size_t>(wo.size()));
+    if (a.save_kv_weights) {  // [Hkv·d, D] (GGUF row order) for the norm-disparity report
+      const RowMat& wk = m.layers[l].wk;
+      const RowMat& wv = m.layers[l].wv;
+      add(p + "w_k", {c.n_kv_heads * d, c.hidden}, wk.data(), static_cast<std::size_t>(wk.size()));
+      add(p + "w_v", {c.n_kv_heads * d, c.hidden}, wv.data(), static_cast<std::size_t>(wv.size()));
+    }
     layer_list += (layer_list.empty() ? "" : ",") + std::to_string(l);
   }
   w.add("seq_offsets", kvq::io::DType::I64, {static_cast<std::int64_t>(offsets.size())}, offsets.data());
@@ -426,9 +503,7 @@ int cmd_logits(const std::string& model_path, const std::string& prompt, const s
   auto caches = L->model.make_caches(policy, ca.options());
   RowMat logits;
   run_sequence(L->model, ids, caches, ca.block, &logits);
-  std::string s;
-  for (int id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
-  fmt::print("ids: {}\n", s);
+  fmt::print("ids: {}\n", fmt::join(ids, ","));
   Eigen::Index top;
   logits.row(logits.rows() - 1).maxCoeff(&top);
   fmt::print("next token: {} {:?}\n", top, L->tok.decode_token(static_cast<int>(top)));
@@ -459,11 +534,16 @@ int main(int argc, char** argv) {
   eval->add_option("--text", ea.text, "UTF-8 text file (e.g. wikitext-2-raw/wiki.test.raw)")->required()->check(CLI::ExistingFile);
   eval->add_option("--tokens", ea.tokens, "tokens evaluated (a multiple of --ctx is used)")->check(CLI::PositiveNumber);
   eval->add_option("--ctx", ea.ctx, "context length of each chunk")->check(CLI::Range(2, 8192));
-  eval->add_option("--policies", ea.policies, "comma-separated: fp32 and kvq preset names (K4V2, K4V2_H, K4V2_HC, ...)");
+  eval->add_option("--policies", ea.policies,
+                   "comma-separated: fp32 and kvq preset names (K4V2, K4V2_H, K4V2_HC, K2V2_R@TAG, ...)");
   eval->add_option("--calib-tokens", ea.calib_tokens, "tokens after the evaluated span used for key means (*_HC presets)");
   eval->add_option("--csv", ea.csv, "also write the table as CSV");
   eval->add_option("--artifact", ea.artifacts,
-                   "OptR artifact (kvq_calib optr) for learned-rotation presets: PATH, or POLICY=PATH (repeatable)");
+                   "OptR artifact (kvq_calib optr) for learned-rotation presets: PATH, POLICY=PATH, or TAG=PATH for "
+                   "a --policies entry POLICY@TAG (repeatable)");
+  eval->add_option("--layer-policies", ea.layer_policies,
+                   "per-layer policy table (CSV from kvq_calib allocate) evaluated as one more run (repeatable)")
+      ->check(CLI::ExistingFile);
 
   std::string prompt, policy = "fp32";
   int n_new = 48;
@@ -484,6 +564,8 @@ int main(int argc, char** argv) {
   capc->add_option("--skip", cpa.skip, "tokens skipped at the start of the text")->check(CLI::NonNegativeNumber);
   capc->add_option("--dtype", cpa.dtype, "storage dtype: f32, f16 or bf16");
   capc->add_flag("--save-ids", cpa.save_ids, "also store the token ids (I32 [L]) as 'token_ids'");
+  capc->add_flag("--kv-weights", cpa.save_kv_weights,
+                 "also store W_K and W_V ([Hkv·d, D]) for kvq_calib allocate's norm-disparity report");
 
   std::string ids_arg, out;
   auto* lg = app.add_subcommand("logits", "logits of a prompt (for checking against a reference)");
