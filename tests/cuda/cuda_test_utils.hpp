@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "common/orthogonal.hpp"
 #include "kvq/cuda/config.cuh"
 #include "kvq/cuda/launch/api.hpp"
 #include "kvq/kvq.hpp"
@@ -73,22 +74,6 @@ class DeviceBuffer {
   T* ptr_ = nullptr;
   std::size_t n_ = 0;
 };
-
-inline std::vector<float> normal(std::size_t n, std::uint32_t seed, float stddev = 1.f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.f, stddev);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
-
-// Rows [tokens, heads, d] with a few large channels, as post-RoPE keys have.
-inline std::vector<float> outlier_rows(std::size_t tokens, int heads, int d, std::uint32_t seed) {
-  auto v = normal(tokens * heads * d, seed);
-  for (std::size_t r = 0; r < tokens * heads; ++r)
-    for (int c = 0; c < 3; ++c) v[r * d + (c * 37 + 5) % d] += (c % 2 ? -9.f : 11.f);
-  return v;
-}
 
 template <ActivationType T>
 std::vector<T> convert(const std::vector<float>& v) {
@@ -184,38 +169,13 @@ struct Rotations {
   }
 };
 
-// Random orthogonal [d, d] (Gram–Schmidt in double of a Gaussian matrix).
-inline std::vector<float> random_orthogonal(int d, std::uint32_t seed) {
-  auto g = normal(std::size_t(d) * d, seed);
-  std::vector<double> q(g.begin(), g.end());
-  for (int i = 0; i < d; ++i) {
-    for (int j = 0; j < i; ++j) {
-      double dot = 0;
-      for (int k = 0; k < d; ++k) dot += q[i * d + k] * q[j * d + k];
-      for (int k = 0; k < d; ++k) q[i * d + k] -= dot * q[j * d + k];
-    }
-    double n = 0;
-    for (int k = 0; k < d; ++k) n += q[i * d + k] * q[i * d + k];
-    n = std::sqrt(n);
-    for (int k = 0; k < d; ++k) q[i * d + k] /= n;
-  }
-  return std::vector<float>(q.begin(), q.end());
-}
-
 template <Policy P>
 void make_rotations_host(Rotations& r, int hkv, std::uint32_t seed) {
   constexpr int D = P.head_dim;
-  auto rots = [&](std::uint32_t s) {
-    std::vector<float> v;
-    for (int h = 0; h < hkv; ++h) {
-      auto m = random_orthogonal(D, s + 7919u * h);
-      v.insert(v.end(), m.begin(), m.end());
-    }
-    return v;
-  };
-  if (P.key.centered) r.key_mean = normal(std::size_t(hkv) * D, seed + 1, 2.f);
+  auto rots = [&](std::uint32_t s) { return random_orthogonal(hkv, D, s); };
+  if (P.key.centered) r.key_mean = random_normal(std::size_t(hkv) * D, seed + 1, 2.f);
   if (P.key.rotation == Rotation::dense) r.key_rot = rots(seed + 2);
-  if (P.value.centered) r.value_mean = normal(std::size_t(hkv) * D, seed + 3, 2.f);
+  if (P.value.centered) r.value_mean = random_normal(std::size_t(hkv) * D, seed + 3, 2.f);
   if (P.value.rotation == Rotation::dense) r.value_rot = rots(seed + 4);
 }
 

@@ -94,8 +94,8 @@ void check_decode(const DecodeCase& c, std::uint32_t seed) {
   std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0});
   const TokenList tok = all_tokens(tab, seed + 1);
   const int n = tok.size();
-  const auto keys = convert<T>(outlier_rows(n, c.hkv, D, seed + 2));
-  const auto values = convert<T>(normal(std::size_t(n) * c.hkv * D, seed + 3, 1.5f));
+  const auto keys = convert<T>(outlier_channels(n, c.hkv, D, seed + 2));
+  const auto values = convert<T>(random_normal(std::size_t(n) * c.hkv * D, seed + 3, 1.5f));
   Rotations rot;
   make_rotations<P>(rot, c.hkv, seed + 4);
   KVQ_EXPECT_OK((append_kv<P, T>(PagedCacheView<P>{pool.data(), tab.num_pages, layout}, tab.host(), keys.data(),
@@ -103,7 +103,7 @@ void check_decode(const DecodeCase& c, std::uint32_t seed) {
 
   const int hq = c.hkv * c.group;
   const Queries qs = queries_for(c);
-  const auto q = convert<T>(normal(std::size_t(qs.total) * hq * D, seed + 5, 0.7f));
+  const auto q = convert<T>(random_normal(std::size_t(qs.total) * hq * D, seed + 5, 0.7f));
   const auto off = offsets_for(c);
   std::vector<T> out_ref(std::size_t(qs.total) * hq * D);
   std::vector<float> lse_ref(std::size_t(qs.total) * hq);
@@ -142,7 +142,7 @@ void check_dense_decode(const DecodeCase& c, std::uint32_t seed) {
   const RaggedTable tab = make_table(c.lens, c.page_size, seed);
   const DensePageLayout<T, D> layout{c.page_size, c.hkv};
   std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0});
-  const auto kv = normal(std::size_t(tab.total_tokens()) * c.hkv * D * 2, seed + 1);
+  const auto kv = random_normal(std::size_t(tab.total_tokens()) * c.hkv * D * 2, seed + 1);
   std::size_t next = 0;
   for (int b = 0; b < static_cast<int>(c.lens.size()); ++b)
     for (int t = 0; t < c.lens[b]; ++t)
@@ -154,7 +154,7 @@ void check_dense_decode(const DecodeCase& c, std::uint32_t seed) {
       }
   const int hq = c.hkv * c.group;
   const Queries qs = queries_for(c);
-  const auto q = convert<T>(normal(std::size_t(qs.total) * hq * D, seed + 5, 0.7f));
+  const auto q = convert<T>(random_normal(std::size_t(qs.total) * hq * D, seed + 5, 0.7f));
   const auto off = offsets_for(c);
   std::vector<T> out_ref(std::size_t(qs.total) * hq * D);
   std::vector<float> lse_ref(std::size_t(qs.total) * hq);
@@ -189,8 +189,8 @@ void check_dense_decode(const DecodeCase& c, std::uint32_t seed) {
 template <ActivationType T, int D>
 void check_merge(std::uint32_t seed) {
   const int rows = 37;
-  auto o1 = convert<T>(normal(std::size_t(rows) * D, seed)), o2 = convert<T>(normal(std::size_t(rows) * D, seed + 1));
-  auto l1 = normal(rows, seed + 2, 3.f), l2 = normal(rows, seed + 3, 3.f);
+  auto o1 = convert<T>(random_normal(std::size_t(rows) * D, seed)), o2 = convert<T>(random_normal(std::size_t(rows) * D, seed + 1));
+  auto l1 = random_normal(rows, seed + 2, 3.f), l2 = random_normal(rows, seed + 3, 3.f);
   const float ninf = -std::numeric_limits<float>::infinity();
   l1[0] = ninf;
   l2[1] = ninf;

@@ -52,8 +52,8 @@ void check_rows(int hkv, int page_size, const std::vector<int>& lens, std::uint3
   const PageLayout<P> layout{page_size, hkv};
   const TokenList tok = all_tokens(tab, seed + 1);
   const int n = tok.size();
-  auto kf = outlier_rows(n, hkv, D, seed + 2);
-  auto vf = normal(std::size_t(n) * hkv * D, seed + 3, 1.5f);
+  auto kf = outlier_channels(n, hkv, D, seed + 2);
+  auto vf = random_normal(std::size_t(n) * hkv * D, seed + 3, 1.5f);
   kf[3] = std::numeric_limits<float>::quiet_NaN();  // a non-finite group
   const auto keys = convert<T>(kf), values = convert<T>(vf);
   Rotations rot;
@@ -95,7 +95,7 @@ void check_rows(int hkv, int page_size, const std::vector<int>& lens, std::uint3
 
   // Rotate: the four operations on GQA-grouped rows.
   const int rows = 3, group = 2, heads = hkv * group;
-  const auto in = convert<T>(outlier_rows(rows, heads, D, seed + 9));
+  const auto in = convert<T>(outlier_channels(rows, heads, D, seed + 9));
   for (auto op : {cuda::RotateOp::key, cuda::RotateOp::value, cuda::RotateOp::query, cuda::RotateOp::output}) {
     std::vector<T> out(in.size());
     cuda::RotateArgs<P, T> r{in.data(), out.data(), rows, heads, group, op, rot.host()};
@@ -171,8 +171,8 @@ void check_decode(const Case& c, std::uint32_t seed) {
   const PageLayout<P> layout{c.page_size, c.hkv};
   std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0});
   const TokenList tok = all_tokens(tab, seed + 1);
-  const auto keys = convert<T>(outlier_rows(tok.size(), c.hkv, D, seed + 2));
-  const auto values = convert<T>(normal(std::size_t(tok.size()) * c.hkv * D, seed + 3, 1.5f));
+  const auto keys = convert<T>(outlier_channels(tok.size(), c.hkv, D, seed + 2));
+  const auto values = convert<T>(random_normal(std::size_t(tok.size()) * c.hkv * D, seed + 3, 1.5f));
   Rotations rot;
   make_rotations_host<P>(rot, c.hkv, seed + 4);
   ASSERT_TRUE((append_kv<P, T>(PagedCacheView<P>{pool.data(), tab.num_pages, layout}, tab.host(), keys.data(),
@@ -180,7 +180,7 @@ void check_decode(const Case& c, std::uint32_t seed) {
                   .ok());
   const int hq = c.hkv * c.group;
   const QueryRun qs = queries(c);
-  const auto q = convert<T>(normal(std::size_t(qs.total) * hq * D, seed + 5, 0.7f));
+  const auto q = convert<T>(random_normal(std::size_t(qs.total) * hq * D, seed + 5, 0.7f));
   std::vector<T> ref(std::size_t(qs.total) * hq * D), out(ref.size(), from_float<T>(std::nanf("")));
   std::vector<float> lse_ref(std::size_t(qs.total) * hq), lse(lse_ref.size(), std::nanf(""));
   const std::int32_t* off = c.explicit_offset ? qs.offsets.data() : nullptr;
@@ -214,7 +214,7 @@ void check_dense(const Case& c, std::uint32_t seed) {
   const RaggedTable tab = make_table(c.lens, c.page_size, seed);
   const DensePageLayout<T, D> layout{c.page_size, c.hkv};
   std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0});
-  const auto kv = normal(std::size_t(tab.total_tokens()) * c.hkv * D * 2, seed + 1);
+  const auto kv = random_normal(std::size_t(tab.total_tokens()) * c.hkv * D * 2, seed + 1);
   std::size_t next = 0;
   for (int b = 0; b < static_cast<int>(c.lens.size()); ++b)
     for (int t = 0; t < c.lens[b]; ++t)
@@ -226,7 +226,7 @@ void check_dense(const Case& c, std::uint32_t seed) {
       }
   const int hq = c.hkv * c.group;
   const QueryRun qs = queries(c);
-  const auto q = convert<T>(normal(std::size_t(qs.total) * hq * D, seed + 5, 0.7f));
+  const auto q = convert<T>(random_normal(std::size_t(qs.total) * hq * D, seed + 5, 0.7f));
   std::vector<T> ref(std::size_t(qs.total) * hq * D), out(ref.size(), from_float<T>(std::nanf("")));
   std::vector<float> lse_ref(std::size_t(qs.total) * hq), lse(lse_ref.size(), std::nanf(""));
   const std::int32_t* off = c.explicit_offset ? qs.offsets.data() : nullptr;
@@ -274,7 +274,7 @@ TEST(CudaEmulated, AppendRejectsOutOfRange) {
   const PageLayout<P> layout{16, 2};
   std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0xA5});
   const std::vector<std::int32_t> b = {0, 2, -1, 1}, p = {5, 0, 0, -3};
-  const auto rows = convert<half_t>(normal(4 * 2 * 64, 8));
+  const auto rows = convert<half_t>(random_normal(4 * 2 * 64, 8));
   Rotations rot;
   make_rotations_host<P>(rot, 2, 9);
   unsigned flags = 0;
@@ -332,7 +332,7 @@ TEST(CudaEmulated, DenseDecode_float_d64) {
 
 TEST(CudaEmulated, MergeStates) {
   constexpr int rows = 9, D = 64;
-  auto o1 = normal(rows * D, 1), o2 = normal(rows * D, 2), l1 = normal(rows, 3, 3.f), l2 = normal(rows, 4, 3.f);
+  auto o1 = random_normal(rows * D, 1), o2 = random_normal(rows * D, 2), l1 = random_normal(rows, 3, 3.f), l2 = random_normal(rows, 4, 3.f);
   l1[0] = l2[1] = l1[2] = l2[2] = -std::numeric_limits<float>::infinity();
   std::vector<float> ref(rows * D), lref(rows), out(rows * D), lout(rows);
   merge_states(o1.data(), l1.data(), o2.data(), l2.data(), rows, D, ref.data(), lref.data());

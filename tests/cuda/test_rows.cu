@@ -32,8 +32,8 @@ void check_append(int hkv, int page_size, const std::vector<int>& lens, std::uin
   const std::size_t pool_bytes = layout.page_bytes() * tab.num_pages;
   const TokenList tok = all_tokens(tab, seed + 1);
   const int n = tok.size();
-  auto kf = outlier_rows(n, hkv, D, seed + 2);
-  auto vf = normal(std::size_t(n) * hkv * D, seed + 3, 1.5f);
+  auto kf = outlier_channels(n, hkv, D, seed + 2);
+  auto vf = random_normal(std::size_t(n) * hkv * D, seed + 3, 1.5f);
   if (n > 3) {  // non-finite groups: s = NaN, codes 0 on both sides
     kf[std::size_t(1) * hkv * D + 3] = std::numeric_limits<float>::quiet_NaN();
     vf[std::size_t(2) * hkv * D + 5] = std::numeric_limits<float>::infinity();
@@ -117,7 +117,7 @@ void check_append_rejects(std::uint32_t seed) {
   DeviceTable dt(tab);
   const std::vector<std::int32_t> b = {0, 2, -1, 1}, p = {5, 0, 0, -3};  // past end, bad b, bad b, negative
   DeviceBuffer<std::int32_t> db(b), dp(p);
-  DeviceBuffer<T> rows(convert<T>(normal(4 * 2 * D, seed)));
+  DeviceBuffer<T> rows(convert<T>(random_normal(4 * 2 * D, seed)));
   DeviceBuffer<unsigned> flags(std::vector<unsigned>{0u});
   Rotations rot;
   make_rotations<P>(rot, 2, seed);
@@ -141,7 +141,7 @@ template <Policy P, ActivationType T>
 void check_rotate(int hkv, int group, std::uint32_t seed) {
   constexpr int D = P.head_dim;
   const int rows = 7, heads = hkv * group;
-  const auto in = convert<T>(outlier_rows(rows, heads, D, seed));
+  const auto in = convert<T>(outlier_channels(rows, heads, D, seed));
   Rotations rot;
   make_rotations<P>(rot, hkv, seed + 1);
   DeviceBuffer<T> din(in), dout(in.size());

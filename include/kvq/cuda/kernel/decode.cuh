@@ -356,38 +356,52 @@ __device__ __forceinline__ void stage_rows(std::byte* dst, int n, int my_page, i
 extern __shared__ uint4 kvq_decode_smem[];
 #endif
 
-// KP = DecodeKernelParams<Src, QT, OT> (a type parameter: see rows.cuh on nvcc stubs).
-template <class KP, int R>
-__global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW * 32) decode_kernel(KP a) {
+// ---- pieces shared by the decode kernels ------------------------------------------------
+
+// The query rows a CTA owns: blockIdx.x = sequence × row tile, y = KV head, z = split.
+struct RowTile {
+  int b = 0, h = 0, split = 0;
+  int hq = 0, group = 0;  // query heads, query heads per KV head
+  int q0 = 0;             // first query token of the sequence
+  int r0 = 0, rows = 0;   // first row of the tile, valid rows (0: nothing to do)
+  int len = 0;            // keys of the sequence
+  int offset = 0;         // query token i sees keys [0, i + offset]
+};
+
+template <class KP>
+__device__ __forceinline__ RowTile row_tile(const KP& a, int R) {
+  RowTile t;
+  t.hq = a.p.num_qo_heads;
+  t.group = t.hq / a.src.num_kv_heads();
+  t.b = blockIdx.x / a.row_tiles;
+  t.h = blockIdx.y;
+  t.split = blockIdx.z;
+  t.q0 = a.p.q_indptr[t.b];
+  const int nq = a.p.q_indptr[t.b + 1] - t.q0, rows_total = nq * t.group;
+  t.r0 = (blockIdx.x % a.row_tiles) * R;
+  t.rows = rows_total - t.r0 < R ? rows_total - t.r0 : R;
+  if (t.rows < 0) t.rows = 0;
+  t.len = a.table.seq_len(t.b);
+  t.offset = a.p.causal_offset ? a.p.causal_offset[t.b] : t.len - nq;
+  return t;
+}
+
+// Phase 1: the R query rows, q' = q·R_K·τ·log₂e into q_s [R][D], Σq' per key group into
+// qsum_s [R][NK], τ·q·μ_K into shift_s [R], the last visible key into limit_s [R]
+// (−1 for padding rows, which are zero).
+template <class KP, int R, int NW>
+__device__ __forceinline__ void prepare_rows(const KP& a, const RowTile& t, float* q_s, float* qsum_s, float* shift_s,
+                                             int* limit_s) {
   using Src = typename KP::source_type;
-  using Cfg = DecodeConfig<Src, R>;
-  constexpr int D = Src::D, E = D / 32, NW = Cfg::NW, VD = Cfg::VD, LPTV = Cfg::LPTV, U = Cfg::U, NK = Src::NK;
-  constexpr DecodeSmem S = Cfg::smem;
-  std::byte* smem = reinterpret_cast<std::byte*>(kvq_decode_smem);
-  float* q_s = reinterpret_cast<float*>(smem + S.q_off());
-  float* qsum_s = reinterpret_cast<float*>(smem + S.qsum_off());
-  float* shift_s = reinterpret_cast<float*>(smem + S.shift_off());
-  int* limit_s = reinterpret_cast<int*>(smem + S.limit_off());
-
+  constexpr int D = Src::D, E = D / 32, NK = Src::NK;
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int hq = a.p.num_qo_heads, group = hq / a.src.num_kv_heads();
-  const int b = blockIdx.x / a.row_tiles, tile = blockIdx.x % a.row_tiles;
-  const int h = blockIdx.y, split = blockIdx.z;
-  const int q0 = a.p.q_indptr[b], nq = a.p.q_indptr[b + 1] - q0;
-  const int rows_total = nq * group, r0 = tile * R;
-  if (r0 >= rows_total) return;  // CTA-uniform: this tile has no rows
-  const int rows = rows_total - r0 < R ? rows_total - r0 : R;
-  const int len = a.table.seq_len(b);
-  const int offset = a.p.causal_offset ? a.p.causal_offset[b] : len - nq;
-
-  // 1. Query rows: q' = q·R_K·τ·log₂e, Σq' per key group, τ·q·μ_K, causal limit.
   for (int rr = w; rr < R; rr += NW) {
     float* qrow = q_s + rr * D;
-    if (rr < rows) {
-      const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
+    if (rr < t.rows) {
+      const int i = (t.r0 + rr) / t.group, j = t.h * t.group + (t.r0 + rr) % t.group;
       float x[E];
-      warp::load_row<D>(a.p.q + (std::size_t(q0 + i) * hq + j) * D, x);
-      const float shift = a.src.prepare_query(x, h, a.rotation, qrow);
+      warp::load_row<D>(a.p.q + (std::size_t(t.q0 + i) * t.hq + j) * D, x);
+      const float shift = a.src.prepare_query(x, t.h, a.rotation, qrow);
       const float scale = a.tau * kLog2e;
       float part = 0.f;
 #pragma unroll
@@ -402,8 +416,8 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
       if (lane % LPG == 0) qsum_s[rr * NK + lane / LPG] = part;
       if (lane == 0) {
         shift_s[rr] = a.tau * shift;
-        const long long lim = static_cast<long long>(i) + offset;
-        limit_s[rr] = lim < 0 ? -1 : static_cast<int>(lim < len - 1 ? lim : len - 1);
+        const long long lim = static_cast<long long>(i) + t.offset;
+        limit_s[rr] = lim < 0 ? -1 : static_cast<int>(lim < t.len - 1 ? lim : t.len - 1);
       }
     } else {
 #pragma unroll
@@ -415,15 +429,118 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
       }
     }
   }
-  __syncthreads();
+}
 
-  // 2. This split's tokens, cut at the last key any row may see.
+// This split's key range [tb, te), cut at the last key any row may see.
+template <int R>
+__device__ __forceinline__ void split_range(const RowTile& t, int num_splits, const int* limit_s, int& tb, int& te) {
   int max_limit = -1;
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) max_limit = limit_s[rr] > max_limit ? limit_s[rr] : max_limit;
-  const int tb = split_begin(len, a.num_splits, split);
-  int te = split_end(len, a.num_splits, split);
+  tb = split_begin(t.len, num_splits, t.split);
+  te = split_end(t.len, num_splits, t.split);
   te = te < max_limit + 1 ? te : max_limit + 1;
+}
+
+// Issues the copies of the warp tile [t0, min(t0 + 32, te)) into stage buffer `st`;
+// returns the mask of loadable tokens (a page index outside the pool is skipped and
+// flagged).
+template <class KP>
+__device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S, const RowTile& t, std::byte* st, int t0,
+                                               int te) {
+  using Src = typename KP::source_type;
+  const int lane = threadIdx.x & 31;
+  const int n = te - t0 < 32 ? te - t0 : 32;
+  int my_page = -1, my_slot = 0;
+  if (lane < n) {
+    const int tok = t0 + lane;
+    const int pg = a.table.indices[a.table.indptr[t.b] + tok / a.table.page_size];
+    if (pg >= 0 && pg < a.src.num_pages) {
+      my_page = pg;
+      my_slot = tok % a.table.page_size;
+    } else if (a.error_flags) {
+      atomicOr(a.error_flags, static_cast<unsigned>(kBadPage));
+    }
+  }
+  const int h = t.h;
+  stage_rows<Src::kcb, true>(st + S.kc_off(), n, my_page, my_slot, [&](int pg, int sl) { return a.src.k_codes(pg, h, sl); });
+  stage_rows<Src::kmb, false>(st + S.km_off(), n, my_page, my_slot, [&](int pg, int sl) { return a.src.k_meta(pg, h, sl); });
+  stage_rows<Src::vcb, false>(st + S.vc_off(), n, my_page, my_slot, [&](int pg, int sl) { return a.src.v_codes(pg, h, sl); });
+  stage_rows<Src::vmb, false>(st + S.vm_off(), n, my_page, my_slot, [&](int pg, int sl) { return a.src.v_meta(pg, h, sl); });
+  return __ballot_sync(KVQ_FULL_MASK, my_page >= 0);
+}
+
+// Phase 4: joins the NW warp states acc [NW][R][D], m [NW][R], l [NW][R] (at the start
+// of shared memory), normalizes and writes the final output or this split's partial.
+template <class KP, int R, int NW>
+__device__ __forceinline__ void write_rows(const KP& a, const RowTile& t, std::byte* smem, float* q_s,
+                                           const float* shift_s) {
+  using Src = typename KP::source_type;
+  constexpr int D = Src::D, E = D / 32;
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const float* acc_m = reinterpret_cast<const float*>(smem);
+  const float* m_m = acc_m + NW * R * D;
+  const float* l_m = m_m + NW * R;
+  for (int rr = w; rr < t.rows; rr += NW) {
+    float M = neg_inf_f();
+    for (int ww = 0; ww < NW; ++ww) M = fmaxf(M, m_m[ww * R + rr]);
+    float L = 0.f, x[E];
+#pragma unroll
+    for (int k = 0; k < E; ++k) x[k] = 0.f;
+    for (int ww = 0; ww < NW; ++ww) {
+      const float mw = m_m[ww * R + rr];
+      if (mw == neg_inf_f()) continue;
+      const float sc = exp2f(mw - M);
+      L = fmaf(sc, l_m[ww * R + rr], L);
+#pragma unroll
+      for (int k = 0; k < E; ++k) x[k] = fmaf(sc, acc_m[(ww * R + rr) * D + lane * E + k], x[k]);
+    }
+    const bool empty = M == neg_inf_f() || L == 0.f;
+    const float inv_l = empty ? 0.f : 1.f / L;
+#pragma unroll
+    for (int k = 0; k < E; ++k) x[k] *= inv_l;
+    const float lse = empty ? neg_inf_f() : (M + log2f(L)) * kLn2 + shift_s[rr];
+    const int i = (t.r0 + rr) / t.group, j = t.h * t.group + (t.r0 + rr) % t.group;
+    const std::size_t orow = std::size_t(t.q0 + i) * t.hq + j;
+    if (a.num_splits == 1) {
+      if (!empty && !a.p.rotated_output) a.src.finish(x, t.h, a.rotation, q_s + rr * D);
+      warp::store_row<D>(a.p.out + orow * D, x);
+      if (lane == 0 && a.p.lse) a.p.lse[orow] = lse;
+    } else {
+      const std::size_t prow = std::size_t(t.split) * a.total_q * t.hq + orow;
+#pragma unroll
+      for (int k = 0; k < E; ++k) a.partial_o[prow * D + lane * E + k] = x[k];
+      if (lane == 0) a.partial_lse[prow] = lse;
+    }
+  }
+}
+
+// ---- the CUDA-core kernel ---------------------------------------------------------------
+
+// KP = DecodeKernelParams<Src, QT, OT> (a type parameter: see rows.cuh on nvcc stubs).
+template <class KP, int R>
+__global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW * 32) decode_kernel(KP a) {
+  using Src = typename KP::source_type;
+  using Cfg = DecodeConfig<Src, R>;
+  constexpr int D = Src::D, NW = Cfg::NW, VD = Cfg::VD, LPTV = Cfg::LPTV, U = Cfg::U;
+  constexpr DecodeSmem S = Cfg::smem;
+  std::byte* smem = reinterpret_cast<std::byte*>(kvq_decode_smem);
+  float* q_s = reinterpret_cast<float*>(smem + S.q_off());
+  float* qsum_s = reinterpret_cast<float*>(smem + S.qsum_off());
+  float* shift_s = reinterpret_cast<float*>(smem + S.shift_off());
+  int* limit_s = reinterpret_cast<int*>(smem + S.limit_off());
+
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const RowTile tile = row_tile(a, R);
+  if (tile.rows == 0) return;  // CTA-uniform: this tile has no rows
+
+  // 1. Query rows.
+  prepare_rows<KP, R, NW>(a, tile, q_s, qsum_s, shift_s, limit_s);
+  __syncthreads();
+
+  // 2. This split's tokens.
+  int tb, te;
+  split_range<R>(tile, a.num_splits, limit_s, tb, te);
 
   float m[R], l[R], acc[R][VD];
 #pragma unroll
@@ -438,41 +555,14 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
   std::byte* const stage1 = smem + S.stage_off(w, 1);
   float* p_s = reinterpret_cast<float*>(smem + S.p_off(w));
   const int u = lane / LPTV, d0 = (lane % LPTV) * VD;
-  const int page_base = a.table.indptr[b];
-  const int page_size = a.table.page_size;
-
-  // Issues the copies of tile [t0, t0 + 32) into `st`; returns the mask of loadable tokens.
-  auto issue = [&](int t0, std::byte* st) -> unsigned {
-    const int n = te - t0 < 32 ? te - t0 : 32;
-    int my_page = -1, my_slot = 0;
-    if (lane < n) {
-      const int t = t0 + lane;
-      const int pg = a.table.indices[page_base + t / page_size];
-      if (pg >= 0 && pg < a.src.num_pages) {
-        my_page = pg;
-        my_slot = t % page_size;
-      } else if (a.error_flags) {
-        atomicOr(a.error_flags, static_cast<unsigned>(kBadPage));
-      }
-    }
-    stage_rows<Src::kcb, true>(st + S.kc_off(), n, my_page, my_slot,
-                               [&](int pg, int sl) { return a.src.k_codes(pg, h, sl); });
-    stage_rows<Src::kmb, false>(st + S.km_off(), n, my_page, my_slot,
-                                [&](int pg, int sl) { return a.src.k_meta(pg, h, sl); });
-    stage_rows<Src::vcb, false>(st + S.vc_off(), n, my_page, my_slot,
-                                [&](int pg, int sl) { return a.src.v_codes(pg, h, sl); });
-    stage_rows<Src::vmb, false>(st + S.vm_off(), n, my_page, my_slot,
-                                [&](int pg, int sl) { return a.src.v_meta(pg, h, sl); });
-    return __ballot_sync(KVQ_FULL_MASK, my_page >= 0);
-  };
 
   int t0 = tb + 32 * w;
-  unsigned valid_cur = t0 < te ? issue(t0, stage0) : 0u;
+  unsigned valid_cur = t0 < te ? issue_tile(a, S, tile, stage0, t0, te) : 0u;
   warp::copy_commit();
   int cur = 0;
   for (; t0 < te; t0 += 32 * NW) {
     const int tn = t0 + 32 * NW;
-    const unsigned valid_next = tn < te ? issue(tn, cur ? stage0 : stage1) : 0u;
+    const unsigned valid_next = tn < te ? issue_tile(a, S, tile, cur ? stage0 : stage1, tn, te) : 0u;
     warp::copy_commit();
     warp::copy_wait<1>();
     __syncwarp();
@@ -518,7 +608,7 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
   }
   warp::copy_wait<0>();
 
-  // 3. Merge the lanes, then the warps.
+  // 3. Merge the lanes, then publish the warp's state for write_rows.
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     l[r] = warp::sum(l[r]);
@@ -546,39 +636,8 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
   }
   __syncthreads();
 
-  // 4. Normalize and write (final output, or this split's partial state).
-  for (int rr = w; rr < rows; rr += NW) {
-    float M = neg_inf_f();
-    for (int ww = 0; ww < NW; ++ww) M = fmaxf(M, m_m[ww * R + rr]);
-    float L = 0.f, x[E];
-#pragma unroll
-    for (int k = 0; k < E; ++k) x[k] = 0.f;
-    for (int ww = 0; ww < NW; ++ww) {
-      const float mw = m_m[ww * R + rr];
-      if (mw == neg_inf_f()) continue;
-      const float sc = exp2f(mw - M);
-      L = fmaf(sc, l_m[ww * R + rr], L);
-#pragma unroll
-      for (int k = 0; k < E; ++k) x[k] = fmaf(sc, acc_m[(ww * R + rr) * D + lane * E + k], x[k]);
-    }
-    const bool empty = M == neg_inf_f() || L == 0.f;
-    const float inv_l = empty ? 0.f : 1.f / L;
-#pragma unroll
-    for (int k = 0; k < E; ++k) x[k] *= inv_l;
-    const float lse = empty ? neg_inf_f() : (M + log2f(L)) * kLn2 + shift_s[rr];
-    const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
-    const std::size_t orow = std::size_t(q0 + i) * hq + j;
-    if (a.num_splits == 1) {
-      if (!empty && !a.p.rotated_output) a.src.finish(x, h, a.rotation, q_s + rr * D);
-      warp::store_row<D>(a.p.out + orow * D, x);
-      if (lane == 0 && a.p.lse) a.p.lse[orow] = lse;
-    } else {
-      const std::size_t prow = std::size_t(split) * a.total_q * hq + orow;
-#pragma unroll
-      for (int k = 0; k < E; ++k) a.partial_o[prow * D + lane * E + k] = x[k];
-      if (lane == 0) a.partial_lse[prow] = lse;
-    }
-  }
+  // 4. Normalize and write.
+  write_rows<KP, R, NW>(a, tile, smem, q_s, shift_s);
 }
 
 // Joins the split partials of every (query row, query head): one warp each.

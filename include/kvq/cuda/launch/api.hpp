@@ -109,6 +109,8 @@ struct RotateArgs {
 //   total_q       : q_indptr[batch] (rows of q/out/lse)
 //   max_q_per_seq : an upper bound of q_indptr[b+1] − q_indptr[b]
 //   num_splits    : split-KV factor; > 1 needs workspace (decode_workspace_bytes)
+//   kernel        : simt or tensor_core (see DecodeKernel in plan.hpp); asking for
+//                   tensor_core where kTensorCoreOk is false returns `unsupported`
 template <Policy P, ActivationType QT, ActivationType OT>
 struct DecodeArgs {
   ConstPagedCacheView<P> cache{};
@@ -121,10 +123,15 @@ struct DecodeArgs {
   void* workspace = nullptr;  // 256-byte aligned device memory
   std::size_t workspace_bytes = 0;
   unsigned* error_flags = nullptr;
+  DecodeKernel kernel = DecodeKernel::automatic;
+
+  // Policies the tensor-core kernel serves (fp16 metadata keeps p·scale within fp16).
+  static constexpr bool kTensorCoreOk =
+      (P.head_dim == 64 || P.head_dim == 128) && P.key.meta == MetaType::fp16 && P.value.meta == MetaType::fp16;
 
   DecodeShape shape() const {
     return {table.batch_size, cache.layout.num_kv_heads, params.num_qo_heads, total_q, max_q_per_seq, num_splits,
-            P.head_dim};
+            P.head_dim, kernel, kTensorCoreOk};
   }
 };
 

@@ -114,6 +114,17 @@ KVQ_HOST_DEVICE constexpr int split_end(int len, int num_splits, int s) {
   return split_begin(len, num_splits, s + 1);
 }
 
+// Which decode kernel runs the q·k and p·v products.
+//   simt        : fp32 CUDA cores, one token per lane (every policy, head_dim, metadata type)
+//   tensor_core : mma.sync m16n8k16 on fp16 fragments, codes unpacked exactly and the
+//                 fp32 operands split into two fp16 halves (kernel/decode_mma.cuh); for
+//                 quantized caches with fp16 metadata and head_dim 64 or 128, sm_80+
+//   automatic   : simt, until the tensor-core kernel has been measured on hardware
+enum class DecodeKernel { automatic, simt, tensor_core };
+
+// Rows per CTA of the tensor-core kernel: one m16 tile.
+inline constexpr int kMmaRows = 16;
+
 // Host-visible shape of a decode call.
 struct DecodeShape {
   int batch = 0;
@@ -123,6 +134,8 @@ struct DecodeShape {
   int max_q_per_seq = 1;  // ≥ q_indptr[b+1] − q_indptr[b] for every b
   int num_splits = 1;     // split-KV factor (flash-decoding); 1 = no merge pass
   int head_dim = 128;
+  DecodeKernel kernel = DecodeKernel::automatic;
+  bool tensor_core_ok = false;  // the cache type has a tensor-core kernel
 };
 
 struct Dim3 {
@@ -130,6 +143,7 @@ struct Dim3 {
 };
 
 struct DecodePlan {
+  DecodeKernel kernel = DecodeKernel::simt;  // resolved: simt or tensor_core
   int rows = 0;       // query rows per CTA
   int row_tiles = 0;  // CTAs per (sequence, KV head, split)
   Dim3 grid{};        // x: batch × row_tiles, y: KV heads, z: splits
@@ -153,8 +167,13 @@ inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
   KVQ_CHECK_ARG(s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256, unsupported,
                 "decode plan: head_dim must be 64, 128 or 256");
   KVQ_CHECK_ARG(s.num_kv_heads <= 65535, invalid_argument, "decode plan: num_kv_heads must be <= 65535");
+  KVQ_CHECK_ARG(s.kernel != DecodeKernel::tensor_core || s.tensor_core_ok, unsupported,
+                "decode plan: no tensor-core kernel for this cache (it needs a quantized policy with fp16 "
+                "metadata and head_dim 64 or 128)");
   const int group = s.num_qo_heads / s.num_kv_heads;
-  plan.rows = choose_rows_per_cta(s.head_dim, group, s.max_q_per_seq);
+  plan.kernel = s.kernel == DecodeKernel::tensor_core ? DecodeKernel::tensor_core : DecodeKernel::simt;
+  plan.rows = plan.kernel == DecodeKernel::tensor_core ? kMmaRows
+                                                       : choose_rows_per_cta(s.head_dim, group, s.max_q_per_seq);
   plan.row_tiles = ceil_div(group * s.max_q_per_seq, plan.rows);
   const long long x = static_cast<long long>(s.batch) * plan.row_tiles;
   KVQ_CHECK_ARG(x < (1ll << 31), invalid_argument, "decode plan: batch × row tiles exceeds the grid limit");
