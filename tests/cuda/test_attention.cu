@@ -3,7 +3,8 @@
 // LSE within 1e-3, rows that see no key exactly o = 0 and lse = −∞, and every output
 // element written (outputs start poisoned with NaN). Covers GQA 1/4/8, page sizes
 // 16–256, ragged and empty sequences, several causal query tokens, explicit causal
-// offsets, split counts 1–8 and the rotated-basis output.
+// offsets, split counts 1–8 and the rotated-basis output; each policy through both the
+// CUDA-core and (where it applies) the tensor-core kernel.
 #include <limits>
 
 #include "cuda_test_utils.hpp"
@@ -86,7 +87,7 @@ void compare_outputs(const std::vector<T>& out, const std::vector<float>& lse, c
 }
 
 template <Policy P, ActivationType T>
-void check_decode(const DecodeCase& c, std::uint32_t seed) {
+void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel kernel = cuda::DecodeKernel::automatic) {
   constexpr int D = P.head_dim;
   if (c.rotated && P.value.centered) return;
   const RaggedTable tab = make_table(c.lens, c.page_size, seed);
@@ -127,13 +128,15 @@ void check_decode(const DecodeCase& c, std::uint32_t seed) {
   a.total_q = qs.total;
   a.max_q_per_seq = qs.max_q;
   a.num_splits = c.splits;
+  a.kernel = kernel;
   DeviceBuffer<std::byte> ws(cuda::decode_workspace_bytes(a));
   a.workspace = ws.get();
   a.workspace_bytes = ws.size();
   KVQ_EXPECT_OK(cuda::decode_attention(a, nullptr));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   compare_outputs(dout.download(), dlse.download(), out_ref, lse_ref, D,
-                  "hkv " + std::to_string(c.hkv) + " g " + std::to_string(c.group) + " P " +
+                  std::string(kernel == cuda::DecodeKernel::tensor_core ? "tensor-core " : "") + "hkv " +
+                      std::to_string(c.hkv) + " g " + std::to_string(c.group) + " P " +
                       std::to_string(c.page_size) + " splits " + std::to_string(c.splits));
 }
 
@@ -211,11 +214,26 @@ void check_merge(std::uint32_t seed) {
   compare_outputs(d1.download(), dlo.download(), ref, lo, D, "merge");
 }
 
-#define KVQ_DECODE_TESTS(ID, POLICY, T)                                 \
-  TEST(CudaDecode, ID) {                                                \
-    KVQ_REQUIRE_CUDA_DEVICE();                                          \
-    std::uint32_t seed = 100;                                           \
-    for (const auto& c : cases()) check_decode<POLICY, T>(c, seed++);   \
+bool tensor_cores_present() {
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major >= 8;
+}
+
+#define KVQ_DECODE_TESTS(ID, POLICY, T)                                                              \
+  TEST(CudaDecode, ID) {                                                                             \
+    KVQ_REQUIRE_CUDA_DEVICE();                                                                       \
+    std::uint32_t seed = 100;                                                                        \
+    for (const auto& c : cases()) check_decode<POLICY, T>(c, seed++, cuda::DecodeKernel::simt);      \
+  }                                                                                                  \
+  TEST(CudaDecodeTensorCore, ID) {                                                                   \
+    KVQ_REQUIRE_CUDA_DEVICE();                                                                       \
+    if (!tensor_cores_present()) GTEST_SKIP() << "device below sm_80";                               \
+    if constexpr (!cuda::DecodeArgs<POLICY, T, T>::kTensorCoreOk) {                                  \
+      GTEST_SKIP() << "no tensor-core kernel for this policy (needs fp16 metadata, head_dim 64/128)"; \
+    } else {                                                                                         \
+      std::uint32_t seed = 100;                                                                      \
+      for (const auto& c : cases()) check_decode<POLICY, T>(c, seed++, cuda::DecodeKernel::tensor_core); \
+    }                                                                                                \
   }
 KVQ_INSTANTIATIONS(KVQ_DECODE_TESTS)
 

@@ -32,6 +32,7 @@ namespace kvq_emu {
 struct Warp {
   std::barrier<> bar{32};
   std::uint64_t slot[32] = {};
+  unsigned mma_a[32][4] = {}, mma_b[32][2] = {};  // fragments of an emulated mma.sync
 };
 struct Cta {
   explicit Cta(int threads) : bar(threads), warps(new Warp[(threads + 31) / 32]) {}
@@ -93,9 +94,56 @@ inline unsigned __float_as_uint(float f) {
   std::memcpy(&u, &f, 4);
   return u;
 }
+inline int __float_as_int(float f) {
+  int i;
+  std::memcpy(&i, &f, 4);
+  return i;
+}
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, 4);
+  return f;
+}
+inline int atomicMax(int* p, int v) {
+  std::atomic_ref<int> r(*p);
+  int cur = r.load();
+  while (cur < v && !r.compare_exchange_weak(cur, v)) {
+  }
+  return cur;
+}
 template <class T>
 T __ldg(const T* p) {
   return *p;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 for the calling warp: every lane
+// publishes its A/B fragments, then computes its own four C elements from the whole
+// tiles (PTX ISA fragment layouts; products summed in double, then added in fp32).
+inline void kvq_emu_mma_16816(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  kvq_emu::Warp& w = *kvq_emu::warp;
+  const unsigned lane = kvq_emu_lane();
+  for (int i = 0; i < 4; ++i) w.mma_a[lane][i] = a[i];
+  for (int i = 0; i < 2; ++i) w.mma_b[lane][i] = b[i];
+  w.bar.arrive_and_wait();
+  auto half = [](unsigned reg, int hi) {
+    return static_cast<double>(__half2float(__ushort_as_half(static_cast<unsigned short>(hi ? reg >> 16 : reg & 0xffffu))));
+  };
+  auto A = [&](int row, int col) {  // lane 4·(row % 8) + (col % 8) / 2, register by the row and column halves
+    const unsigned l = 4 * (row % 8) + (col % 8) / 2;
+    return half(w.mma_a[l][(row >= 8 ? 1 : 0) + (col >= 8 ? 2 : 0)], col & 1);
+  };
+  auto B = [&](int k, int n) {  // lane 4·n + (k % 8) / 2
+    const unsigned l = 4 * n + (k % 8) / 2;
+    return half(w.mma_b[l][k >= 8 ? 1 : 0], k & 1);
+  };
+  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i / 2), col = 2 * t + (i % 2);
+    double sum = 0;
+    for (int k = 0; k < 16; ++k) sum += A(row, k) * B(k, col);
+    c[i] = static_cast<float>(static_cast<double>(c[i]) + sum);
+  }
+  w.bar.arrive_and_wait();
 }
 
 // Dynamic shared memory of the decode kernel.

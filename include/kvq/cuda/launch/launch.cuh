@@ -8,6 +8,7 @@
 
 #include "kvq/cuda/config.cuh"
 #include "kvq/cuda/kernel/decode.cuh"
+#include "kvq/cuda/kernel/decode_mma.cuh"
 #include "kvq/cuda/kernel/rows.cuh"
 #include "kvq/cuda/launch/api.hpp"
 #include "kvq/cuda/launch/plan.hpp"
@@ -18,20 +19,33 @@ namespace detail {
 
 inline dim3 to_dim3(Dim3 d) { return dim3(d.x, d.y, d.z); }
 
-template <class Src, int R, ActivationType QT, ActivationType OT>
-Status launch_decode_rows(const kernel::DecodeKernelParams<Src, QT, OT>& kp, const DecodePlan& plan, Stream stream) {
-  using Cfg = kernel::DecodeConfig<Src, R>;
-  constexpr std::size_t smem = Cfg::smem.total();
-  auto* kern = &kernel::decode_kernel<kernel::DecodeKernelParams<Src, QT, OT>, R>;
-  if constexpr (smem > 48 * 1024)
+// Launches one decode kernel over plan.grid, then the split merge when there are splits.
+template <class KP>
+Status launch_decode_kernel(void (*kern)(KP), int threads, std::size_t smem, const KP& kp, const DecodePlan& plan,
+                            Stream stream) {
+  if (smem > 48 * 1024)
     KVQ_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kern<<<to_dim3(plan.grid), Cfg::NW * 32, smem, stream>>>(kp);
+  kern<<<to_dim3(plan.grid), threads, smem, stream>>>(kp);
   KVQ_CUDA_CHECK(cudaGetLastError());
   if (kp.num_splits > 1) {
-    kernel::split_merge_kernel<kernel::DecodeKernelParams<Src, QT, OT>><<<to_dim3(plan.merge_grid), plan.merge_block, 0, stream>>>(kp);
+    kernel::split_merge_kernel<KP><<<to_dim3(plan.merge_grid), plan.merge_block, 0, stream>>>(kp);
     KVQ_CUDA_CHECK(cudaGetLastError());
   }
   return {};
+}
+
+template <class Src, int R, ActivationType QT, ActivationType OT>
+Status launch_decode_rows(const kernel::DecodeKernelParams<Src, QT, OT>& kp, const DecodePlan& plan, Stream stream) {
+  using Cfg = kernel::DecodeConfig<Src, R>;
+  return launch_decode_kernel(&kernel::decode_kernel<kernel::DecodeKernelParams<Src, QT, OT>, R>, Cfg::NW * 32,
+                              Cfg::smem.total(), kp, plan, stream);
+}
+
+template <class Src, ActivationType QT, ActivationType OT>
+Status launch_decode_mma(const kernel::DecodeKernelParams<Src, QT, OT>& kp, const DecodePlan& plan, Stream stream) {
+  using Cfg = kernel::MmaDecodeConfig<Src>;
+  return launch_decode_kernel(&kernel::decode_mma_kernel<kernel::DecodeKernelParams<Src, QT, OT>>, Cfg::NW * 32,
+                              Cfg::smem.total(), kp, plan, stream);
 }
 
 // Picks the kernel for plan.rows; only row counts allowed at this head_dim exist.
@@ -89,10 +103,12 @@ Status decode_attention(const DecodeArgs<P, QT, OT>& a, Stream stream) {
   KVQ_RETURN_IF_ERROR(validate(a, plan));
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
   const kernel::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
-  return detail::launch_decode(
-      kernel::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan, a.total_q, a.workspace,
-                            a.error_flags),
-      plan, stream);
+  const auto kp = kernel::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan, a.total_q,
+                                             a.workspace, a.error_flags);
+  if constexpr (DecodeArgs<P, QT, OT>::kTensorCoreOk) {
+    if (plan.kernel == DecodeKernel::tensor_core) return detail::launch_decode_mma(kp, plan, stream);
+  }
+  return detail::launch_decode(kp, plan, stream);
 }
 
 template <ActivationType T, int D, ActivationType QT, ActivationType OT>

@@ -66,12 +66,14 @@ KVQ_HOST_DEVICE constexpr int decode_warps(std::size_t bytes_per_token) {
 //   per warp, 2 stages of: K codes [Ck][32] 16-byte chunks, K meta [32][kmb],
 //                          V codes [32][vcb], V meta [32][vmb]
 //   per warp: p [32][R] fp32
-//   per CTA : q' [R][D] fp32, Σq' per key group [R][NK] fp32, shift [R], limit [R]
+//   per CTA : q' [R][D] fp32, Σq' per key group [R][NK] fp32, shift [R], limit [R],
+//             then `frag_bytes` for the tensor-core kernel's query fragments
 //   after the token loop the stage buffers are reused for the cross-warp merge:
 //             acc [NW][R][D], m [NW][R], l [NW][R]
 struct DecodeSmem {
   std::size_t kcb = 0, kmb = 0, vcb = 0, vmb = 0;  // bytes per token
   int head_dim = 128, rows = 8, key_groups = 1, warps = 4;
+  std::size_t frag_bytes = 0;
 
   KVQ_HOST_DEVICE constexpr std::size_t kc_off() const { return 0; }
   KVQ_HOST_DEVICE constexpr std::size_t km_off() const { return kc_off() + align_up(kcb * kWarpTokens, 16); }
@@ -97,7 +99,8 @@ struct DecodeSmem {
     return qsum_off() + align_up(std::size_t(rows) * key_groups * 4, 16);
   }
   KVQ_HOST_DEVICE constexpr std::size_t limit_off() const { return shift_off() + align_up(std::size_t(rows) * 4, 16); }
-  KVQ_HOST_DEVICE constexpr std::size_t total() const { return limit_off() + align_up(std::size_t(rows) * 4, 16); }
+  KVQ_HOST_DEVICE constexpr std::size_t frag_off() const { return limit_off() + align_up(std::size_t(rows) * 4, 16); }
+  KVQ_HOST_DEVICE constexpr std::size_t total() const { return frag_off() + align_up(frag_bytes, 16); }
 };
 
 // Tokens [begin, end) of a sequence of length `len` that split `s` of `num_splits`
