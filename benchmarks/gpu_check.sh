@@ -48,7 +48,7 @@ timeout 240 "$stage/test_cuda_kernels" --gtest_brief=1 2>&1 | tee "$out/tests.lo
 if grep -q "no CUDA device found" "$out/tests.log"; then echo "!! device tests skipped: no CUDA device found"; status=1; fi
 
 echo "== benchmarks"
-timeout 180 "$stage/bench_cuda_decode" --benchmark_min_time=0.1 --benchmark_counters_tabular=true \
+timeout 220 "$stage/bench_cuda_decode" --benchmark_min_time=0.1 --benchmark_counters_tabular=true \
   --benchmark_out="$out/bench.json" --benchmark_out_format=json 2>&1 | tee "$out/bench.txt" | tail -60
 
 echo "== summary (one run: compare the ratios inside it, not absolutes across runs)"
@@ -62,7 +62,13 @@ dec = collections.OrderedDict()
 for b in runs:
     n = b["name"]
     if n.startswith("BM_Decode"):
-        kind, shape = n.split("/", 1)[1].split("/", 1) if n.startswith("BM_Decode/") else ("BF16", n.split("/", 1)[1])
+        head, rest = n.split("/", 1)
+        if head == "BM_DecodeBF16":
+            kind, shape = "BF16", rest
+        else:  # BM_Decode/<policy>/... (CUDA cores) or BM_DecodeTC/<policy>/... (tensor cores)
+            kind, shape = rest.split("/", 1)
+            if head == "BM_DecodeTC":
+                kind = "TC " + kind
         shape = shape.replace("/manual_time", "")
         dec.setdefault(shape, {})[kind.replace("_d128_bf16", "")] = b
 kinds = []

@@ -1,7 +1,9 @@
 // CUDA decode-attention and append benchmarks (Google Benchmark, CUDA-event manual
 // timing). Reports the physical quantities of DESIGN §9 side by side in one run:
 //   BM_Copy           device-to-device copy: the bandwidth roofline (GB/s = read+write)
-//   BM_Decode<P>      quantized split-KV decode: GB/s on PACKED bytes read, FMA/s
+//   BM_Decode<P>      quantized split-KV decode, CUDA-core kernel: GB/s on PACKED bytes
+//                     read, FMA/s
+//   BM_DecodeTC<P>    the same through the tensor-core kernel (kernel/decode_mma.cuh)
 //   BM_DecodeBF16     the full-precision kernel of the same design on a BF16 cache
 //   BM_Append<P>      fused quantize-append of one decode step (batch tokens) and of a
 //                     prefill chunk; tokens/s
@@ -152,7 +154,8 @@ void set_decode_counters(benchmark::State& state, int batch, int ctx, std::size_
   state.counters["MB"] = token_heads * bytes_per_token_head / 1e6;
 }
 
-template <Policy P>
+// Quantized decode through the CUDA-core or the tensor-core kernel (same plan otherwise).
+template <Policy P, cuda::DecodeKernel K>
 void BM_Decode(benchmark::State& state) {
   const int batch = state.range(0), ctx = state.range(1);
   Dev dev;
@@ -165,6 +168,7 @@ void BM_Decode(benchmark::State& state) {
   cuda::DecodeArgs<P, T, T> a;
   a.cache = {pool, tab.num_pages, layout};
   a.table = tab.view;
+  a.kernel = K;
   if (!setup_decode(dev, a, batch, ctx)) return state.SkipWithError("setup failed");
   Status st;
   time_loop(state, [&] { (void)(st = cuda::decode_attention(a, nullptr)); });
@@ -230,8 +234,11 @@ void decode_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"batch", "ctx"})->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
-#define KVQ_BENCH(ID, POLICY, TT)                                                       \
-  BENCHMARK_TEMPLATE(BM_Decode, POLICY)->Name("BM_Decode/" #ID)->Apply(decode_shapes); \
+#define KVQ_BENCH(ID, POLICY, TT)                                                                      \
+  BENCHMARK_TEMPLATE(BM_Decode, POLICY, cuda::DecodeKernel::simt)->Name("BM_Decode/" #ID)->Apply(decode_shapes); \
+  BENCHMARK_TEMPLATE(BM_Decode, POLICY, cuda::DecodeKernel::tensor_core)                               \
+      ->Name("BM_DecodeTC/" #ID)                                                                       \
+      ->Apply(decode_shapes);                                                                          \
   BENCHMARK_TEMPLATE(BM_Append, POLICY)                                                 \
       ->Name("BM_Append/" #ID)                                                          \
       ->ArgName("tokens")                                                               \

@@ -94,6 +94,30 @@ TEST(CudaPlan, DecodePlanGridAndWorkspace) {
   EXPECT_FALSE(make_decode_plan(s, plan).ok());
 }
 
+TEST(CudaPlan, TensorCoreKernelChoice) {
+  DecodePlan plan;
+  DecodeShape s{/*batch*/ 2, /*hkv*/ 4, /*hq*/ 16, /*total_q*/ 2, /*max_q*/ 1, /*splits*/ 1, 128};
+  ASSERT_TRUE(make_decode_plan(s, plan).ok());
+  EXPECT_EQ(plan.kernel, DecodeKernel::simt);  // automatic stays on the CUDA cores for now
+  EXPECT_EQ(plan.rows, 4);
+  s.kernel = DecodeKernel::tensor_core;
+  EXPECT_EQ(make_decode_plan(s, plan).code(), StatusCode::unsupported);  // cache type not served
+  s.tensor_core_ok = true;
+  ASSERT_TRUE(make_decode_plan(s, plan).ok());
+  EXPECT_EQ(plan.kernel, DecodeKernel::tensor_core);
+  EXPECT_EQ(plan.rows, kMmaRows);
+  EXPECT_EQ(plan.row_tiles, 1);
+  s.max_q_per_seq = 5;  // 5 tokens × 4 heads = 20 rows: two m16 tiles
+  ASSERT_TRUE(make_decode_plan(s, plan).ok());
+  EXPECT_EQ(plan.row_tiles, 2);
+  EXPECT_EQ(plan.grid.x, 4u);
+  // Which policies the kernel serves.
+  static_assert(DecodeArgs<presets::K2V2_HC, half_t, half_t>::kTensorCoreOk);
+  static_assert(DecodeArgs<presets::K4V2.with_head_dim(64), float, float>::kTensorCoreOk);
+  static_assert(!DecodeArgs<presets::K4V2.with_head_dim(256), half_t, half_t>::kTensorCoreOk);
+  static_assert(!DecodeArgs<presets::K4V2.with_meta(MetaType::bf16), half_t, half_t>::kTensorCoreOk);
+}
+
 TEST(CudaPlan, SuggestSplits) {
   // Few CTAs on a big GPU → split, but never below min_tokens_per_split keys each.
   EXPECT_EQ(suggest_num_splits(1, 8, 1, 4096, 132), 16);

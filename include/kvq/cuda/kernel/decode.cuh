@@ -17,9 +17,9 @@
 // applies R_Vᵀ and ν (unless rotated_output) and writes o and lse; with several splits it
 // writes fp32 partials and split_merge_kernel finishes.
 //
-// This is the fp32 CUDA-core kernel. DESIGN §9: at 2 bits with GQA it is compute-bound
-// below the bandwidth target; the tensor-core (mma.sync on unpacked fp16 fragments)
-// variant is future work and would slot in as another q·k / p·v implementation.
+// This is the fp32 CUDA-core kernel; it serves every policy, head_dim and cache type.
+// DESIGN §9: at 2 bits with GQA it is compute-bound below the bandwidth target, hence the
+// tensor-core kernel (kernel/decode_mma.cuh), which shares the pieces below.
 #pragma once
 
 #include <cuda_fp16.h>
