@@ -63,27 +63,29 @@ for b in runs:
     n = b["name"]
     if n.startswith("BM_Decode"):
         head, rest = n.split("/", 1)
-        if head == "BM_DecodeBF16":
-            kind, shape = "BF16", rest
+        if head in ("BM_DecodeFP16", "BM_DecodeFP16TC"):  # the 16-bit baselines
+            kind, shape = ("FP16" if head == "BM_DecodeFP16" else "TC FP16"), rest
         else:  # BM_Decode/<policy>/... (CUDA cores) or BM_DecodeTC/<policy>/... (tensor cores)
             kind, shape = rest.split("/", 1)
             if head == "BM_DecodeTC":
                 kind = "TC " + kind
         shape = shape.replace("/manual_time", "")
-        dec.setdefault(shape, {})[kind.replace("_d128_bf16", "")] = b
+        dec.setdefault(shape, {})[kind.replace("_d128_half", "")] = b
 kinds = []
 for s in dec.values():
     for k in s:
         if k not in kinds: kinds.append(k)
-hdr = f"{'batch/ctx':<22}" + "".join(f"{k+' GB/s':>14}{'%copy':>7}{'xBF16':>7}" for k in kinds)
+# xFP16: speed over the 16-bit baseline of the same kernel kind (CUDA cores vs CUDA
+# cores, tensor cores vs tensor cores), i.e. equal engineering.
+hdr = f"{'batch/ctx':<22}" + "".join(f"{k+' GB/s':>14}{'%copy':>7}{'xFP16':>7}" for k in kinds)
 print(hdr)
 for shape, s in dec.items():
     line = f"{shape:<22}"
-    bf = s.get("BF16")
     for k in kinds:
         b = s.get(k)
         if not b:
             line += f"{'-':>14}{'':>7}{'':>7}"; continue
+        bf = s.get("TC FP16" if k.startswith("TC ") else "FP16")
         gbs = b["GB/s"]
         speed = bf["real_time"] / b["real_time"] if bf else float("nan")
         line += f"{gbs:14.0f}{100*gbs/copy:6.0f}%{speed:7.2f}"

@@ -4,7 +4,8 @@
 //   BM_Decode<P>      quantized split-KV decode, CUDA-core kernel: GB/s on PACKED bytes
 //                     read, FMA/s
 //   BM_DecodeTC<P>    the same through the tensor-core kernel (kernel/decode_mma.cuh)
-//   BM_DecodeBF16     the full-precision kernel of the same design on a BF16 cache
+//   BM_DecodeFP16<K>  the full-precision baseline of the same design on an fp16 cache
+//                     (16-bit pages: the bytes of a BF16 cache), both kernels
 //   BM_Append<P>      fused quantize-append of one decode step (batch tokens) and of a
 //                     prefill chunk; tokens/s
 // Shapes: Llama-3-8B-like layer, Hkv = 8, Hq = 32 (GQA 4), head_dim 128, page 64;
@@ -28,7 +29,7 @@ using namespace kvq;
 using kvq::cuda::Stream;
 
 constexpr int kHkv = 8, kGroup = 4, kHq = kHkv * kGroup, kD = 128, kPage = 64;
-using T = bfloat16_t;
+using T = half_t;  // queries, outputs, appended rows and the 16-bit baseline pages
 
 #define BENCH_CUDA(expr)                                                               \
   do {                                                                                 \
@@ -176,7 +177,8 @@ void BM_Decode(benchmark::State& state) {
   set_decode_counters(state, batch, ctx, PageLayout<P>::kBytesPerTokenHead, a.num_splits);
 }
 
-void BM_DecodeBF16(benchmark::State& state) {
+template <cuda::DecodeKernel K>
+void BM_DecodeFP16(benchmark::State& state) {
   const int batch = state.range(0), ctx = state.range(1);
   Dev dev;
   Table tab;
@@ -190,6 +192,7 @@ void BM_DecodeBF16(benchmark::State& state) {
   a.num_pages = tab.num_pages;
   a.layout = layout;
   a.table = tab.view;
+  a.kernel = K;
   if (!setup_decode(dev, a, batch, ctx)) return state.SkipWithError("setup failed");
   Status st;
   time_loop(state, [&] { (void)(st = cuda::dense_decode_attention(a, nullptr)); });
@@ -247,7 +250,8 @@ void decode_shapes(benchmark::internal::Benchmark* b) {
       ->UseManualTime()                                                                 \
       ->Unit(benchmark::kMicrosecond);
 KVQ_INSTANTIATIONS(KVQ_BENCH)
-BENCHMARK(BM_DecodeBF16)->Apply(decode_shapes);
+BENCHMARK_TEMPLATE(BM_DecodeFP16, cuda::DecodeKernel::simt)->Name("BM_DecodeFP16")->Apply(decode_shapes);
+BENCHMARK_TEMPLATE(BM_DecodeFP16, cuda::DecodeKernel::tensor_core)->Name("BM_DecodeFP16TC")->Apply(decode_shapes);
 
 }  // namespace
 

@@ -34,11 +34,7 @@ void emu_decode(const KP& kp, const cuda::DecodePlan& plan) {
     std::memset(kern::kvq_decode_smem, 0xFF, Cfg::smem.total());  // NaN poison
     kvq_emu::launch(to_dim3(plan.grid), dim3(Cfg::NW * 32), [&] { kern::decode_kernel<KP, R>(kp); });
   };
-  constexpr bool mma_ok = [] {
-    if constexpr (requires { Src::kPolicy; }) return cuda::DecodeArgs<Src::kPolicy, float, float>::kTensorCoreOk;
-    return false;
-  }();
-  if constexpr (mma_ok) {
+  if constexpr (kern::MmaOps<Src>::kOk) {
     if (plan.kernel == cuda::DecodeKernel::tensor_core) {
       using Cfg = kern::MmaDecodeConfig<Src>;
       ASSERT_LE(Cfg::smem.total(), sizeof(kern::kvq_decode_smem));
@@ -228,7 +224,8 @@ void check_decode(const Case& c, std::uint32_t seed, cuda::DecodeKernel kernel =
 }
 
 template <ActivationType T, int D>
-void check_dense(const Case& c, std::uint32_t seed) {
+void check_dense(const Case& c, std::uint32_t seed, cuda::DecodeKernel kernel = cuda::DecodeKernel::automatic,
+                 double tol = 1e-3) {
   const RaggedTable tab = make_table(c.lens, c.page_size, seed);
   const DensePageLayout<T, D> layout{c.page_size, c.hkv};
   std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0});
@@ -260,16 +257,19 @@ void check_dense(const Case& c, std::uint32_t seed) {
   a.total_q = qs.total;
   a.max_q_per_seq = qs.max_q;
   a.num_splits = c.splits;
+  a.kernel = kernel;
   std::vector<uint4> ws((cuda::decode_workspace_bytes(a) + 15) / 16 + 16);
   a.workspace = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 255) & ~std::uintptr_t{255});
   a.workspace_bytes = cuda::decode_workspace_bytes(a);
   cuda::DecodePlan plan;
   ASSERT_TRUE(cuda::validate(a, plan).ok());
+  ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, kernel == cuda::DecodeKernel::tensor_core);
   const kern::DenseSource<T, D> src{a.pool, a.num_pages, a.layout};
   emu_decode(kern::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan, a.total_q,
                                       a.workspace, nullptr),
              plan);
-  compare(out, lse, ref, lse_ref, D, "dense decode");
+  compare(out, lse, ref, lse_ref, D, kernel == cuda::DecodeKernel::tensor_core ? "tensor-core dense decode" : "dense decode",
+          tol);
 }
 
 const std::vector<Case>& cases() {
@@ -424,6 +424,11 @@ TEST(CudaEmulated, DenseDecode_float_d64) {
   for (const auto& c : cases()) check_dense<float, 64>(c, seed++);
 }
 
+TEST(CudaEmulated, DenseDecodeTensorCore_half_d64) {
+  std::uint32_t seed = 90;
+  for (std::size_t i = 3; i < cases().size(); ++i)
+    check_dense<half_t, 64>(cases()[i], seed++, cuda::DecodeKernel::tensor_core, 1e-3);
+}
 TEST(CudaEmulated, MergeStates) {
   constexpr int rows = 9, D = 64;
   auto o1 = random_normal(rows * D, 1), o2 = random_normal(rows * D, 2), l1 = random_normal(rows, 3, 3.f), l2 = random_normal(rows, 4, 3.f);

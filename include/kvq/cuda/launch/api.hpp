@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "kvq/attention/dense.hpp"
 #include "kvq/attention/params.hpp"
@@ -103,6 +104,15 @@ struct RotateArgs {
   RotationParams rotation{};
 };
 
+// Cache types the tensor-core decode kernel serves (kernel/decode_mma.cuh): quantized
+// pages with fp16 metadata (p·scale must stay within fp16) and fp16 pages, head_dim 64
+// or 128.
+template <Policy P>
+inline constexpr bool kTensorCoreDecode =
+    (P.head_dim == 64 || P.head_dim == 128) && P.key.meta == MetaType::fp16 && P.value.meta == MetaType::fp16;
+template <ActivationType T, int D>
+inline constexpr bool kTensorCoreDenseDecode = std::is_same_v<T, half_t> && (D == 64 || D == 128);
+
 // Quantized split-KV decode attention (DESIGN §4), same semantics as
 // kvq::decode_attention: see DecodeParams for q/out/lse/causal_offset/rotated_output.
 // Host-visible extras:
@@ -125,9 +135,7 @@ struct DecodeArgs {
   unsigned* error_flags = nullptr;
   DecodeKernel kernel = DecodeKernel::automatic;
 
-  // Policies the tensor-core kernel serves (fp16 metadata keeps p·scale within fp16).
-  static constexpr bool kTensorCoreOk =
-      (P.head_dim == 64 || P.head_dim == 128) && P.key.meta == MetaType::fp16 && P.value.meta == MetaType::fp16;
+  static constexpr bool kTensorCoreOk = kTensorCoreDecode<P>;
 
   DecodeShape shape() const {
     return {table.batch_size, cache.layout.num_kv_heads, params.num_qo_heads, total_q, max_q_per_seq, num_splits,
@@ -149,9 +157,13 @@ struct DenseDecodeArgs {
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   unsigned* error_flags = nullptr;
+  DecodeKernel kernel = DecodeKernel::automatic;
+
+  static constexpr bool kTensorCoreOk = kTensorCoreDenseDecode<T, D>;
 
   DecodeShape shape() const {
-    return {table.batch_size, layout.num_kv_heads, params.num_qo_heads, total_q, max_q_per_seq, num_splits, D};
+    return {table.batch_size, layout.num_kv_heads, params.num_qo_heads, total_q, max_q_per_seq, num_splits, D,
+            kernel, kTensorCoreOk};
   }
 };
 

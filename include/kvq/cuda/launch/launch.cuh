@@ -117,9 +117,12 @@ Status dense_decode_attention(const DenseDecodeArgs<T, D, QT, OT>& a, Stream str
   KVQ_RETURN_IF_ERROR(validate(a, plan));
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
   const kernel::DenseSource<T, D> src{a.pool, a.num_pages, a.layout};
-  return detail::launch_decode(kernel::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan,
-                                                     a.total_q, a.workspace, a.error_flags),
-                               plan, stream);
+  const auto kp = kernel::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan, a.total_q,
+                                             a.workspace, a.error_flags);
+  if constexpr (DenseDecodeArgs<T, D, QT, OT>::kTensorCoreOk) {
+    if (plan.kernel == DecodeKernel::tensor_core) return detail::launch_decode_mma(kp, plan, stream);
+  }
+  return detail::launch_decode(kp, plan, stream);
 }
 
 template <ActivationType T>

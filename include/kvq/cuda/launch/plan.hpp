@@ -121,7 +121,8 @@ KVQ_HOST_DEVICE constexpr int split_end(int len, int num_splits, int s) {
 //   simt        : fp32 CUDA cores, one token per lane (every policy, head_dim, metadata type)
 //   tensor_core : mma.sync m16n8k16 on fp16 fragments, codes unpacked exactly and the
 //                 fp32 operands split into two fp16 halves (kernel/decode_mma.cuh); for
-//                 quantized caches with fp16 metadata and head_dim 64 or 128, sm_80+
+//                 quantized caches with fp16 metadata and fp16 caches, head_dim 64 or
+//                 128, sm_80+
 //   automatic   : simt, until the tensor-core kernel has been measured on hardware
 enum class DecodeKernel { automatic, simt, tensor_core };
 
@@ -171,8 +172,8 @@ inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
                 "decode plan: head_dim must be 64, 128 or 256");
   KVQ_CHECK_ARG(s.num_kv_heads <= 65535, invalid_argument, "decode plan: num_kv_heads must be <= 65535");
   KVQ_CHECK_ARG(s.kernel != DecodeKernel::tensor_core || s.tensor_core_ok, unsupported,
-                "decode plan: no tensor-core kernel for this cache (it needs a quantized policy with fp16 "
-                "metadata and head_dim 64 or 128)");
+                "decode plan: no tensor-core kernel for this cache (it serves quantized policies with fp16 "
+                "metadata and fp16 caches, head_dim 64 or 128)");
   const int group = s.num_qo_heads / s.num_kv_heads;
   plan.kernel = s.kernel == DecodeKernel::tensor_core ? DecodeKernel::tensor_core : DecodeKernel::simt;
   plan.rows = plan.kernel == DecodeKernel::tensor_core ? kMmaRows
