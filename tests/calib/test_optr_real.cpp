@@ -66,10 +66,13 @@ TEST(OptRReal, LowersHeldOutLossesOnSmolLM2) {
   const Outcome o = run(cfg);
   EXPECT_GE(o.k_lower, 0.9 * o.heads);
   EXPECT_GE(o.e2e_lower, 0.9 * o.heads);
-  // Measured 8/9 for V (89%). With head_dim 64 the value group (128, capped to 64)
-  // spans the whole row, so the quantization step depends on R only through the row
-  // range, which the STE ignores; the V gradient then only sees the clipped
-  // elements, and one held-out sequence cannot resolve sub-percent V changes.
+  // Measured 8/9 for V (89%), below the 90% this test asks of K. With head_dim 64 the
+  // value group (128, capped to 64) spans the whole row, so the quantization step depends
+  // on R only through the row range, which the STE ignores, and one held-out sequence
+  // cannot resolve sub-percent V changes. On all 90 heads of the model with the same
+  // defaults (examples/smollm2/README.md) the held-out loss falls on 42–87% (K) and
+  // 73–89% (V) of heads depending on policy and base: the spec's 90% bar is not met
+  // there, and this bound says so for V.
   EXPECT_GE(o.v_lower, 0.85 * o.heads);
 }
 
