@@ -266,6 +266,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   optr->add_option("--eval-every", oc.cfg.eval_every, "held-out evaluation period")->capture_default_str();
   optr->add_option("--heldout", oc.cfg.heldout_fraction, "fraction of sequences held out")->capture_default_str();
+  optr->add_flag("--cosine-lr", oc.cfg.cosine_lr, "decay the learning rate to 0 by a half cosine (default: constant)");
   bool zero_key_mean = false;
   optr->add_flag("--zero-key-mean", zero_key_mean,
                  "calibrate without key centering and store mu_K = 0 (deploys as no centering)");

@@ -141,7 +141,8 @@ void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel ke
 }
 
 template <ActivationType T, int D>
-void check_dense_decode(const DecodeCase& c, std::uint32_t seed) {
+void check_dense_decode(const DecodeCase& c, std::uint32_t seed,
+                        cuda::DecodeKernel kernel = cuda::DecodeKernel::automatic) {
   const RaggedTable tab = make_table(c.lens, c.page_size, seed);
   const DensePageLayout<T, D> layout{c.page_size, c.hkv};
   std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0});
@@ -181,12 +182,14 @@ void check_dense_decode(const DecodeCase& c, std::uint32_t seed) {
   a.total_q = qs.total;
   a.max_q_per_seq = qs.max_q;
   a.num_splits = c.splits;
+  a.kernel = kernel;
   DeviceBuffer<std::byte> ws(cuda::decode_workspace_bytes(a));
   a.workspace = ws.get();
   a.workspace_bytes = ws.size();
   KVQ_EXPECT_OK(cuda::dense_decode_attention(a, nullptr));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  compare_outputs(dout.download(), dlse.download(), out_ref, lse_ref, D, "dense");
+  compare_outputs(dout.download(), dlse.download(), out_ref, lse_ref, D,
+                  kernel == cuda::DecodeKernel::tensor_core ? "tensor-core dense" : "dense");
 }
 
 template <ActivationType T, int D>
@@ -242,6 +245,17 @@ KVQ_INSTANTIATIONS(KVQ_DECODE_TESTS)
     KVQ_REQUIRE_CUDA_DEVICE();                                           \
     std::uint32_t seed = 200;                                            \
     for (const auto& c : cases()) check_dense_decode<T, D>(c, seed++);   \
+  }                                                                      \
+  TEST(CudaDenseDecodeTensorCore, ID) {                                  \
+    KVQ_REQUIRE_CUDA_DEVICE();                                           \
+    if (!tensor_cores_present()) GTEST_SKIP() << "device below sm_80";   \
+    if constexpr (!cuda::DenseDecodeArgs<T, D, T, T>::kTensorCoreOk) {   \
+      GTEST_SKIP() << "no tensor-core kernel for this cache type";      \
+    } else {                                                             \
+      std::uint32_t seed = 200;                                          \
+      for (const auto& c : cases())                                      \
+        check_dense_decode<T, D>(c, seed++, cuda::DecodeKernel::tensor_core); \
+    }                                                                    \
   }                                                                      \
   TEST(CudaMergeStates, ID) {                                            \
     KVQ_REQUIRE_CUDA_DEVICE();                                           \

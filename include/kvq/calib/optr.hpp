@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numbers>
 #include <functional>
 #include <limits>
 #include <string>
@@ -67,6 +68,7 @@ struct OptRConfig {
   double lr = 0.02, beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8;
   double lambda = 1.0;   // weight of the post-W_O shift term in the K phase
   double margin = 0.01;  // keep learned R only if best < base·(1 − margin)
+  bool cosine_lr = false;  // lr·½(1 + cos(π·(step−1)/steps)) instead of DESIGN §6.3's constant lr
   double tau = 0.0;      // softmax scale; 0 = 1/√d
   double heldout_fraction = 0.25;  // share of sequences held out (at least one)
   BaseKind base = BaseKind::hadamard;
@@ -454,7 +456,8 @@ inline RotationFit optimize_rotation(const MatD& R0,
     m2 = cfg.beta2 * m2 + (1 - cfg.beta2) * gA.cwiseAbs2();
     b1t *= cfg.beta1;
     b2t *= cfg.beta2;
-    const MatD delta = -cfg.lr * ((m1 / (1 - b1t)).array() /
+    const double lr = cfg.cosine_lr ? 0.5 * cfg.lr * (1 + std::cos(std::numbers::pi * (step - 1) / cfg.steps)) : cfg.lr;
+    const MatD delta = -lr * ((m1 / (1 - b1t)).array() /
                                   ((m2 / (1 - b2t)).array().sqrt() + cfg.adam_eps)).matrix();
     if (cfg.param == Parameterization::exp_map) {
       A += delta;
