@@ -1,6 +1,8 @@
 // smollm2_eval — SmolLM2-135M on the CPU with a kvq KV cache.
 //
 //   smollm2_eval eval --text wiki.test.raw --tokens 8192 --ctx 1024 --policies fp32,K4V2,K4V2_H
+//   smollm2_eval eval --text wiki.test.raw --policies K2V2_R@a,K2V2_R@b --artifact a=A.safetensors
+//                     --artifact b=B.safetensors --layer-policies layers.csv   (kvq_calib outputs)
 //   smollm2_eval generate --prompt "What is the capital of France?" --chat --policy K4V2_H
 //   smollm2_eval capture --text wiki.test.raw --seq-len 448 --seqs 2 --layers 0,14,29 --out acts.safetensors
 //   smollm2_eval logits --prompt "The capital of France is" --out logits.f32
@@ -186,6 +188,7 @@ struct Run {
   std::string label;
   std::vector<std::string> policy;       // [n_layers]
   std::vector<kvq::LayerParams> params;  // [n_layers]
+  std::string tag;                       // artifact key of learned-rotation layers ("": by policy)
   double bits = 32;                      // mean bits/element over layers
   bool is_fp() const { return label == "fp32"; }
 };
@@ -228,15 +231,14 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
 
   // Runs: fp32 first, then the --policies entries (NAME or NAME@TAG), then the tables.
   std::vector<Run> runs;
-  std::vector<std::string> tags;  // artifact key of each run's dense layers ("" = by policy name)
   auto add_run = [&](std::string label, std::vector<std::string> policy, std::string tag) {
     Run r;
     r.label = std::move(label);
     r.policy = std::move(policy);
+    r.tag = std::move(tag);
     r.bits = 0;
     for (const auto& p : r.policy) r.bits += policy_bits(p, m.cfg.head_dim) / n_layers;
     runs.push_back(std::move(r));
-    tags.push_back(std::move(tag));
   };
   add_run("fp32", std::vector<std::string>(n_layers, "fp32"), "");
   for (const auto& entry : split_csv(a.policies)) {
@@ -275,12 +277,12 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
     if (!learned.count(key)) learned[key] = artifact_params(path, pol, n_layers, m.cfg.head_dim);
     return learned[key];
   };
-  for (std::size_t r = 0; r < runs.size(); ++r) {
-    runs[r].params.resize(n_layers);
+  for (Run& run : runs) {
+    run.params.resize(n_layers);
     for (int l = 0; l < n_layers; ++l) {
-      const std::string& pol = runs[r].policy[l];
-      if (policy_needs_artifact(pol)) runs[r].params[l] = artifact_for(tags[r], pol)[l];
-      else if (policy_centers_keys(pol)) runs[r].params[l] = means[l];
+      const std::string& pol = run.policy[l];
+      if (policy_needs_artifact(pol)) run.params[l] = artifact_for(run.tag, pol)[l];
+      else if (policy_centers_keys(pol)) run.params[l] = means[l];
     }
   }
 
