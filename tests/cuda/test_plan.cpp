@@ -116,6 +116,9 @@ TEST(CudaPlan, TensorCoreKernelChoice) {
   static_assert(DecodeArgs<presets::K4V2.with_head_dim(64), float, float>::kTensorCoreOk);
   static_assert(!DecodeArgs<presets::K4V2.with_head_dim(256), half_t, half_t>::kTensorCoreOk);
   static_assert(!DecodeArgs<presets::K4V2.with_meta(MetaType::bf16), half_t, half_t>::kTensorCoreOk);
+  static_assert(DenseDecodeArgs<half_t, 64, float, float>::kTensorCoreOk);  // fp16 pages, any query type
+  static_assert(!DenseDecodeArgs<bfloat16_t, 128, bfloat16_t, bfloat16_t>::kTensorCoreOk);
+  static_assert(!DenseDecodeArgs<half_t, 256, half_t, half_t>::kTensorCoreOk);
 }
 
 TEST(CudaPlan, SuggestSplits) {
