@@ -13,16 +13,16 @@ endif()
 
 find_package(Threads REQUIRED)
 
-# kvq_add_test(<name> SOURCES <src>... [LIBS <lib>...])
+# kvq_add_test(<name> SOURCES <src>... [LIBS <lib>...] [PREFIX <ctest name prefix>])
 # One GoogleTest executable, registered with CTest test by test.
 function(kvq_add_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "" "PREFIX" "SOURCES;LIBS" ${ARGN})
   find_package(GTest REQUIRED)
   include(GoogleTest)
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE kvq::kvq kvq_dev_flags GTest::gtest_main Threads::Threads ${ARG_LIBS})
   target_compile_definitions(${name} PRIVATE KVQ_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data")
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES LABELS "${ARG_LABELS}")
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 TEST_PREFIX "${ARG_PREFIX}" PROPERTIES LABELS "${ARG_LABELS}")
 endfunction()
 
 # kvq_add_core_test(<name> <src>...): a test that uses tests/common (nlohmann-json).
@@ -30,4 +30,19 @@ function(kvq_add_core_test name)
   find_package(nlohmann_json 3 REQUIRED)
   kvq_add_test(${name} SOURCES ${ARGN} LIBS nlohmann_json::nlohmann_json)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+endfunction()
+
+# kvq_add_native_twin(<name> <src>...): the same sources once more, compiled for the
+# build machine's vector units (-march=native: AVX-512/AVX2, F16C), so the portable and
+# the SIMD paths of the CPU code are both tested. CTest names get the prefix "native.".
+include(CheckCXXCompilerFlag)
+check_cxx_compiler_flag(-march=native KVQ_HAS_MARCH_NATIVE)
+function(kvq_add_native_twin name)
+  if(NOT KVQ_HAS_MARCH_NATIVE)
+    return()
+  endif()
+  find_package(nlohmann_json 3 REQUIRED)
+  kvq_add_test(${name} SOURCES ${ARGN} LIBS nlohmann_json::nlohmann_json PREFIX "native.")
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_compile_options(${name} PRIVATE -march=native)
 endfunction()

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kvq/kvq.hpp"
@@ -183,4 +184,16 @@ BENCHMARK(BM_Fwht<256>);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::AddCustomContext("kvq_cpu_float_lanes", std::to_string(kvq::detail::kNativeFloatLanes));
+#if defined(__F16C__)
+  benchmark::AddCustomContext("kvq_f16c", "yes");
+#else
+  benchmark::AddCustomContext("kvq_f16c", "no");
+#endif
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

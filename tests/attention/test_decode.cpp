@@ -47,6 +47,17 @@ TEST(DecodeAttention, MatchesExactAttentionOverDequantizedCache) {
   check_against_reference<K2V2>(32, 3, 12, {90, 91, 17}, {2, 1, 1}, 5);
 }
 
+TEST(DecodeAttention, RowAndTokenCountsOfTheCpuTiles) {
+  using namespace kvq::presets;
+  // Rows per pass 1 (MHA decode), 3, 13, 16 and 17 (two passes); lengths around the
+  // 32-token blocks and the 4-token sub-blocks of kvq/attention/tile.hpp.
+  check_against_reference<K4V2>(16, 2, 2, {1, 31, 32, 33, 97}, {1, 1, 1, 1, 1}, 21);
+  check_against_reference<K2V2>(16, 1, 3, {6, 65}, {1, 1}, 22);
+  check_against_reference<K2V4.with_head_dim(64)>(32, 1, 13, {130}, {1}, 23);
+  check_against_reference<K8V8>(16, 2, 16, {64}, {1}, 24);
+  check_against_reference<K4V4_HC>(16, 1, 1, {45}, {17}, 25);
+}
+
 TEST(DecodeAttention, RotatedAndCenteredPolicies) {
   using namespace kvq::presets;
   check_against_reference<K4V2_H>(16, 2, 8, {150, 33}, {1, 2}, 6);
@@ -184,6 +195,25 @@ TEST(DecodeAttention, NaNInTheCachePropagatesVisibly) {
   std::vector<float> out(128, kPoison), lse(1);
   ASSERT_TRUE(kvq::decode_attention<P>(c.const_cache(), c.table(), c.decode_params(out.data(), lse.data())).ok());
   for (float x : out) EXPECT_TRUE(std::isnan(x));
+}
+
+// A NaN value group reaches only the rows that give its token a nonzero weight: the
+// causal mask hides it from the earlier query tokens of the same sequence.
+TEST(DecodeAttention, NaNValueReachesOnlyTheRowsThatSeeIt) {
+  constexpr auto P = kvq::presets::K4V2;
+  constexpr int D = P.head_dim, hq = 4, nq = 3, len = 40;
+  auto c = make_paged_case<P>(71, 16, 1, hq, {len}, {nq});
+  c.v[std::size_t(len - 1) * D + 10] = NAN;  // the last token: visible to the last query only
+  ASSERT_TRUE(c.append_all(71).ok());
+  std::vector<float> out(std::size_t(nq) * hq * D, kPoison), lse(nq * hq);
+  ASSERT_TRUE(kvq::decode_attention<P>(c.const_cache(), c.table(), c.decode_params(out.data(), lse.data())).ok());
+  for (int i = 0; i < nq; ++i)
+    for (int j = 0; j < hq; ++j)
+      for (int d = 0; d < D; ++d) {
+        const float x = out[(std::size_t(i) * hq + j) * D + d];
+        if (i == nq - 1) EXPECT_TRUE(std::isnan(x)) << "query " << i << " head " << j;
+        else ASSERT_TRUE(std::isfinite(x)) << "query " << i << " head " << j << " d " << d;
+      }
 }
 
 }  // namespace

@@ -70,4 +70,20 @@ TEST(DenseAttention, PagedFp16MatchesRaggedRows) {
   EXPECT_EQ(paged, ragged);
 }
 
+// An Inf value row reaches only the rows that give its token a nonzero weight.
+TEST(DenseAttention, InfValueReachesOnlyTheRowsThatSeeIt) {
+  constexpr int D = 64, hq = 4, nq = 2, len = 37;
+  auto k = kvq::test::random_normal(len * D, 4), v = kvq::test::random_normal(len * D, 5);
+  const auto q = kvq::test::random_normal(nq * hq * D, 6);
+  v[std::size_t(len - 1) * D + 3] = INFINITY;  // the last token: visible to the last query only
+  const std::int32_t q_indptr[2] = {0, nq}, kv_indptr[2] = {0, len};
+  std::vector<float> out(q.size(), kvq::test::kPoison);
+  const kvq::DecodeParams<float, float> p{q.data(), q_indptr, hq, nullptr, 0.f, false, out.data(), nullptr};
+  ASSERT_TRUE((kvq::dense_attention<D>(k.data(), v.data(), kv_indptr, 1, 1, p).ok()));
+  for (int j = 0; j < hq; ++j) {
+    for (int d = 0; d < D; ++d) ASSERT_TRUE(std::isfinite(out[std::size_t(j) * D + d])) << "head " << j << " d " << d;
+    EXPECT_TRUE(std::isinf(out[(std::size_t(hq) + j) * D + 3])) << "head " << j;
+  }
+}
+
 }  // namespace

@@ -2,11 +2,14 @@
 // reference, DESIGN §4).
 //
 // For query head j (KV head h) with rotated query q' = q·R_K and quantized token t:
-//   logit_t = τ·Σ_g [ s_{t,g}·Σ_{i∈g} q'_i·c_{t,i} + lo_{t,g}·Σ_{i∈g} q'_i ]
-// The per-group sums of q' are computed once per query; no dequantized K is formed.
-// Values accumulate under an online softmax in fp32 as Σ_t p_t·(s·c + lo) per group;
-// then ô = acc/l, o = ô·R_Vᵀ + ν (unless rotated_output), and
-// lse = m + ln l + τ·(q·μ_K) so the part merges with un-centered parts.
+//   logit_t = τ·Σ_g Σ_{i∈g} q'_i·(s_{t,g}·c_{t,i} + lo_{t,g})
+// which is DESIGN §4's on-code form τ·Σ_g [s·Σ q'c + lo·Σ q'] summed in another order.
+// On the CPU each block of 32 tokens is dequantized into an fp32 tile in L1 and goes
+// through the register-blocked tile products of kvq/attention/tile.hpp, the same ones
+// the fp16 baseline uses (the CUDA kernels work on the codes directly). Values
+// accumulate under an online softmax in fp32; then ô = acc/l, o = ô·R_Vᵀ + ν (unless
+// rotated_output), and lse = m + ln l + τ·(q·μ_K) so the part merges with un-centered
+// parts.
 #pragma once
 
 #include <algorithm>
@@ -25,15 +28,67 @@ namespace kvq {
 
 namespace detail {
 
-// Codes of one packed row as floats (exact small integers).
+// The CPU decode dequantizes a b-bit row in "slab order": slab k holds bit field k of
+// every byte, so unpacking is one contiguous pass per slab and vectorizes. Element i
+// sits at slab_position(i); queries (keys) and accumulators (values) use the same order.
 template <int Bits, int D>
-KVQ_FORCE_INLINE void unpack_row_to_float(const std::uint8_t* packed, float* out) {
+constexpr int slab_position(int i) {
   constexpr int per_byte = 8 / Bits;
-  for (int b = 0; b < D / per_byte; ++b) {
-    const unsigned byte = packed[b];
-    for (int k = 0; k < per_byte; ++k) out[b * per_byte + k] = float((byte >> (k * Bits)) & ((1u << Bits) - 1u));
-  }
+  return (i % per_byte) * (D / per_byte) + i / per_byte;
 }
+
+// One packed row → fp32 ŷ = s·c + lo in slab order. Byte j of every slab belongs to
+// group j / (G/per_byte), so the scale and offset of a slab position depend on the byte
+// only: they are spread over one [D/per_byte] row, then each slab is one full-width pass.
+template <int Bits, int G, int D, MetaType M>
+KVQ_FORCE_INLINE void dequantize_row_slabs(const std::uint8_t* KVQ_RESTRICT codes, const meta_storage_t<M>* meta,
+                                           float* KVQ_RESTRICT out) {
+  constexpr int per_byte = 8 / Bits, bytes = D / per_byte, group_bytes = G / per_byte;
+  constexpr unsigned mask = (1u << Bits) - 1u;
+  static_assert(G % per_byte == 0 && D % 4 == 0);
+  alignas(64) float scale[bytes], offset[bytes];
+  for (int g = 0; g < D / G; ++g) {
+    const float s = MetaTraits<M>::decode(meta[2 * g]), lo = MetaTraits<M>::decode(meta[2 * g + 1]);
+    for (int j = 0; j < group_bytes; ++j) scale[g * group_bytes + j] = s, offset[g * group_bytes + j] = lo;
+  }
+  for (int k = 0; k < per_byte; ++k)
+    for (int j = 0; j < bytes; ++j)
+      out[k * bytes + j] = scale[j] * float((unsigned(codes[j]) >> (k * Bits)) & mask) + offset[j];
+}
+
+// Key/value tiles of one sequence and KV head for attend_part.
+template <Policy P>
+struct QuantizedTileSource {
+  const ConstPagedCacheView<P>& cache;
+  const PageTableView& table;
+  int batch, head;
+
+  void keys(int t0, int n, float* tile) const {
+    for (int j = 0; j < n; ++j) {
+      const auto [page, slot] = locate(t0 + j);
+      dequantize_row_slabs<P.key.bits, P.key.group, P.head_dim, P.key.meta>(
+          reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(page, head, slot)),
+          reinterpret_cast<const meta_storage_t<P.key.meta>*>(cache.layout.key_meta_bytes(page, head, slot)),
+          tile + j * P.head_dim);
+    }
+  }
+  void values(int t0, int n, float* tile) const {
+    for (int j = 0; j < n; ++j) {
+      const auto [page, slot] = locate(t0 + j);
+      dequantize_row_slabs<P.value.bits, P.value.group, P.head_dim, P.value.meta>(
+          reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(page, head, slot)),
+          reinterpret_cast<const meta_storage_t<P.value.meta>*>(cache.layout.value_meta_bytes(page, head, slot)),
+          tile + j * P.head_dim);
+    }
+  }
+
+ private:
+  struct Slot {
+    const std::byte* page;
+    int slot;
+  };
+  Slot locate(int t) const { return {cache.page(table.page_of(batch, t)), t % table.page_size}; }
+};
 
 template <Policy P>
 Status validate_decode(const ConstPagedCacheView<P>& cache, const PageTableView& table, const RotationParams& r) {
@@ -55,11 +110,6 @@ Status decode_attention(const ConstPagedCacheView<P>& cache, const PageTableView
                         const DecodeParams<QT, OT>& p, const RotationParams& r = {}) {
   static_assert(check_policy<P>());
   constexpr int D = P.head_dim;
-  constexpr int GK = P.key.group, GV = P.value.group;
-  constexpr int NK = D / GK, NV = D / GV;
-  using Layout = PageLayout<P>;
-  using KMeta = MetaTraits<P.key.meta>;
-  using VMeta = MetaTraits<P.value.meta>;
   const int hkv = cache.layout.num_kv_heads;
   KVQ_RETURN_IF_ERROR(detail::validate_decode(cache, table, r));
   KVQ_RETURN_IF_ERROR(validate_decode_params(p, table, hkv));
@@ -67,15 +117,15 @@ Status decode_attention(const ConstPagedCacheView<P>& cache, const PageTableView
                 "attention: rotated_output needs a policy without value centering");
   const int hq = p.num_qo_heads, group = hq / hkv;
   const float tau = p.scale(D);
-  const Layout& L = cache.layout;
+  constexpr int kRows = detail::kMaxRowsPerPass;
 
-  alignas(64) float qrot[detail::kMaxRowsPerPass][D];
-  float qsum[detail::kMaxRowsPerPass][NK];
-  float shift[detail::kMaxRowsPerPass];
-  int limit[detail::kMaxRowsPerPass];
-  alignas(64) float acc[detail::kMaxRowsPerPass * D];
-  float m[detail::kMaxRowsPerPass], l[detail::kMaxRowsPerPass];
-  alignas(64) float codes[D];
+  alignas(64) float qrot[D];
+  alignas(64) float q_slabs[kRows * D];  // τ·q' in the key slab order
+  float shift[kRows];
+  int limit[kRows];
+  alignas(64) float acc[kRows * D];      // in the value slab order
+  float m[kRows], l[kRows];
+  alignas(64) float o[D];
   float scratch[D];
 
   for (int b = 0; b < table.batch_size; ++b) {
@@ -84,66 +134,27 @@ Status decode_attention(const ConstPagedCacheView<P>& cache, const PageTableView
     const int offset = p.causal_offset ? p.causal_offset[b] : len - nq;
     const int rows_total = nq * group;
     for (int h = 0; h < hkv; ++h) {
-      for (int r0 = 0; r0 < rows_total; r0 += detail::kMaxRowsPerPass) {
-        const int rows = std::min(detail::kMaxRowsPerPass, rows_total - r0);
+      detail::QuantizedTileSource<P> source{cache, table, b, h};
+      for (int r0 = 0; r0 < rows_total; r0 += kRows) {
+        const int rows = std::min(kRows, rows_total - r0);
         // Row r ↔ (query token i, query head j = h·group + jj).
+        std::fill(q_slabs, q_slabs + detail::padded_rows(rows) * D, 0.f);
         for (int rr = 0; rr < rows; ++rr) {
           const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
           const QT* src = p.q + (std::size_t(q0 + i) * hq + j) * D;
-          for (int d = 0; d < D; ++d) qrot[rr][d] = to_float(src[d]);
-          shift[rr] = transform_query<P>(qrot[rr], h, r, scratch);
-          for (int g = 0; g < NK; ++g) {
-            float s = 0.f;
-            for (int d = 0; d < GK; ++d) s += qrot[rr][g * GK + d];
-            qsum[rr][g] = s;
-          }
+          for (int d = 0; d < D; ++d) qrot[d] = to_float(src[d]);
+          shift[rr] = transform_query<P>(qrot, h, r, scratch);
+          for (int d = 0; d < D; ++d) q_slabs[rr * D + detail::slab_position<P.key.bits, D>(d)] = tau * qrot[d];
           const long long lim = static_cast<long long>(i) + offset;
           limit[rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
         }
-        auto key_logits = [&](int t, float* out_logits) {
-          const std::byte* page = cache.page(table.page_of(b, t));
-          const int slot = t % table.page_size;
-          detail::unpack_row_to_float<P.key.bits, D>(reinterpret_cast<const std::uint8_t*>(L.key_codes(page, h, slot)), codes);
-          const auto* meta = reinterpret_cast<const meta_storage_t<P.key.meta>*>(L.key_meta_bytes(page, h, slot));
-          float s[NK], lo[NK];
-          for (int g = 0; g < NK; ++g) {
-            s[g] = KMeta::decode(meta[2 * g]);
-            lo[g] = KMeta::decode(meta[2 * g + 1]);
-          }
-          for (int rr = 0; rr < rows; ++rr) {
-            float logit = 0.f;
-            for (int g = 0; g < NK; ++g)
-              logit += s[g] * detail::dot<GK>(qrot[rr] + g * GK, codes + g * GK) + lo[g] * qsum[rr][g];
-            out_logits[rr] = tau * logit;
-          }
-        };
-        auto value_acc = [&](int t, const float* pw, float* a) {
-          const std::byte* page = cache.page(table.page_of(b, t));
-          const int slot = t % table.page_size;
-          detail::unpack_row_to_float<P.value.bits, D>(reinterpret_cast<const std::uint8_t*>(L.value_codes(page, h, slot)), codes);
-          const auto* meta = reinterpret_cast<const meta_storage_t<P.value.meta>*>(L.value_meta_bytes(page, h, slot));
-          float s[NV], lo[NV];
-          for (int g = 0; g < NV; ++g) {
-            s[g] = VMeta::decode(meta[2 * g]);
-            lo[g] = VMeta::decode(meta[2 * g + 1]);
-          }
-          for (int rr = 0; rr < rows; ++rr) {
-            if (pw[rr] == 0.f) continue;
-            float* ar = a + rr * D;
-            for (int g = 0; g < NV; ++g) {
-              const float ps = pw[rr] * s[g], pl = pw[rr] * lo[g];
-              for (int d = 0; d < GV; ++d) ar[g * GV + d] += ps * codes[g * GV + d] + pl;
-            }
-          }
-        };
-        detail::attend_part<D>(len, rows, limit, acc, m, l, key_logits, value_acc);
+        detail::attend_part<D>(len, rows, limit, q_slabs, acc, m, l, source);
         // Normalize, return to the original basis, write.
         for (int rr = 0; rr < rows; ++rr) {
           const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
-          float* o = acc + rr * D;
           const bool empty = l[rr] == 0.f;
           const float inv_l = empty ? 0.f : 1.f / l[rr];
-          for (int d = 0; d < D; ++d) o[d] *= inv_l;
+          for (int d = 0; d < D; ++d) o[d] = acc[rr * D + detail::slab_position<P.value.bits, D>(d)] * inv_l;
           if (!empty && !p.rotated_output) untransform_output<P>(o, h, r, scratch);
           OT* dst = p.out + (std::size_t(q0 + i) * hq + j) * D;
           for (int d = 0; d < D; ++d) dst[d] = from_float<OT>(o[d]);

@@ -42,46 +42,51 @@ struct DensePageLayout {
 
 namespace detail {
 
+// Key/value tiles of one sequence and KV head for attend_part: rows of T converted to
+// fp32 (natural order). key_row(t) / value_row(t) return the [D] row of token t.
+template <int D, ActivationType T, class KeyRow, class ValueRow>
+struct DenseTileSource {
+  KeyRow key_row;
+  ValueRow value_row;
+  void keys(int t0, int n, float* tile) const {
+    for (int j = 0; j < n; ++j) convert_row<D>(key_row(t0 + j), tile + j * D);
+  }
+  void values(int t0, int n, float* tile) const {
+    for (int j = 0; j < n; ++j) convert_row<D>(value_row(t0 + j), tile + j * D);
+  }
+};
+
 // Attention of every sequence and KV head; key_row(b, t, h) / value_row(b, t, h)
 // return the [D] row of T, seq_len(b) the part length.
 template <int D, ActivationType T, ActivationType QT, ActivationType OT, class SeqLen, class KeyRow, class ValueRow>
 void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& seq_len, KeyRow&& key_row,
                   ValueRow&& value_row) {
+  static_assert(D >= 8 && D % 8 == 0, "kvq: dense attention needs head_dim a multiple of 8");
   const int hq = p.num_qo_heads, group = hq / hkv;
   const float tau = p.scale(D);
-  alignas(64) float qs[kMaxRowsPerPass][D];
+  alignas(64) float qs[kMaxRowsPerPass * D];  // τ·q
   int limit[kMaxRowsPerPass];
   alignas(64) float acc[kMaxRowsPerPass * D];
   float m[kMaxRowsPerPass], l[kMaxRowsPerPass];
-  alignas(64) float row[D];
   for (int b = 0; b < batch; ++b) {
     const int q0 = p.q_indptr[b], nq = p.q_indptr[b + 1] - q0;
     const int len = seq_len(b);
     const int offset = p.causal_offset ? p.causal_offset[b] : len - nq;
     for (int h = 0; h < hkv; ++h) {
+      auto k_row = [&, b, h](int t) -> const T* { return key_row(b, t, h); };
+      auto v_row = [&, b, h](int t) -> const T* { return value_row(b, t, h); };
+      DenseTileSource<D, T, decltype(k_row), decltype(v_row)> source{k_row, v_row};
       for (int r0 = 0; r0 < nq * group; r0 += kMaxRowsPerPass) {
         const int rows = std::min(kMaxRowsPerPass, nq * group - r0);
+        std::fill(qs, qs + padded_rows(rows) * D, 0.f);
         for (int rr = 0; rr < rows; ++rr) {
           const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
           const QT* src = p.q + (std::size_t(q0 + i) * hq + j) * D;
-          for (int d = 0; d < D; ++d) qs[rr][d] = to_float(src[d]);
+          for (int d = 0; d < D; ++d) qs[rr * D + d] = tau * to_float(src[d]);
           const long long lim = static_cast<long long>(i) + offset;
           limit[rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
         }
-        auto key_logits = [&](int t, float* out) {
-          const T* k = key_row(b, t, h);
-          for (int d = 0; d < D; ++d) row[d] = to_float(k[d]);
-          for (int rr = 0; rr < rows; ++rr) out[rr] = tau * dot<D>(qs[rr], row);
-        };
-        auto value_acc = [&](int t, const float* pw, float* a) {
-          const T* v = value_row(b, t, h);
-          for (int d = 0; d < D; ++d) row[d] = to_float(v[d]);
-          for (int rr = 0; rr < rows; ++rr) {
-            if (pw[rr] == 0.f) continue;
-            for (int d = 0; d < D; ++d) a[rr * D + d] += pw[rr] * row[d];
-          }
-        };
-        attend_part<D>(len, rows, limit, acc, m, l, key_logits, value_acc);
+        attend_part<D>(len, rows, limit, qs, acc, m, l, source);
         for (int rr = 0; rr < rows; ++rr) {
           const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
           const bool empty = l[rr] == 0.f;
@@ -102,7 +107,6 @@ template <int D, ActivationType T, ActivationType QT, ActivationType OT>
 Status dense_attention(const T* keys, const T* values, const std::int32_t* kv_indptr, int batch, int num_kv_heads,
                        const DecodeParams<QT, OT>& p) {
   using enum StatusCode;
-  static_assert(D >= 8 && D % 8 == 0, "kvq: dense attention needs head_dim a multiple of 8");
   KVQ_CHECK_ARG(kv_indptr && batch >= 0, invalid_argument, "dense attention: kv_indptr is null");
   PageTableView shape{kv_indptr, nullptr, nullptr, batch, 1};
   KVQ_RETURN_IF_ERROR(validate_decode_params(p, shape, num_kv_heads));

@@ -2,54 +2,61 @@
 // and the full-precision attention, so both have the same engineering (DESIGN §9).
 //
 // A "part" is a run of `length` keys attended by `rows` query rows (the query heads of
-// one KV head × the query tokens of one sequence). The key source supplies logits for
-// one token and all rows at once, and accumulates values — it reads each token once
-// per GQA group, whatever the number of rows.
+// one KV head × the query tokens of one sequence). Per block of kTokensPerBlock tokens
+// the source fills an fp32 tile [n][D] of keys, the driver computes all logits with one
+// tile product, rescales once per row, then the source fills the value tile and one
+// more tile product accumulates it: every token is read once per GQA group.
 #pragma once
 
 #include <algorithm>
 
 #include "kvq/attention/softmax.hpp"
+#include "kvq/attention/tile.hpp"
 #include "kvq/core/config.hpp"
 
 namespace kvq::detail {
 
-inline constexpr int kMaxRowsPerPass = 16;   // query rows sharing one pass over the keys
-inline constexpr int kTokensPerBlock = 32;   // keys whose logits are computed before one rescale
+// Rows a pass computes: 1, or `rows` rounded up to the 4-row blocks of tile.hpp.
+constexpr int padded_rows(int rows) { return rows == 1 ? 1 : (rows + 3) / 4 * 4; }
 
 // Runs the online softmax over tokens [0, length).
-//   row_limit[r]      : row r sees tokens t ≤ row_limit[r] (causal); < 0 sees none
-//   key_logits(t, l)  : writes l[r] = τ·(stored-domain logit) for r < rows
-//   value_acc(t, p, acc): acc[r·D + i] += p[r]·v̂_t[i] for rows with p[r] ≠ 0
-//   acc  : [rows, D] zero-initialized by the driver; on return holds Σ p·v̂ (unnormalized)
-//   m, l : [rows] running max and sum
-template <int D, class KeyLogits, class ValueAcc>
-void attend_part(int length, int rows, const int* row_limit, float* acc, float* m, float* l,
-                 KeyLogits&& key_logits, ValueAcc&& value_acc) {
+//   row_limit[r]   : row r sees tokens t ≤ row_limit[r] (causal); < 0 sees none
+//   q              : [padded_rows(rows)][D] queries in the source's key order, already
+//                    multiplied by τ; rows ≥ `rows` zero
+//   src.keys(t0, n, tile)   : tile[j·D + i] = k̂_{t0+j}[i] in the key order, j < n
+//   src.values(t0, n, tile) : the same for v̂ in the value order
+//   acc  : [padded_rows(rows)][D]; on return rows < `rows` hold Σ p·v̂ (unnormalized)
+//   m, l : [rows] running max (of τ·logits) and sum
+// A non-finite value row reaches only the rows whose weight for it is nonzero.
+template <int D, class Source>
+void attend_part(int length, int rows, const int* row_limit, const float* q, float* acc, float* m, float* l,
+                 Source& src) {
+  const int rows_padded = padded_rows(rows);
   for (int r = 0; r < rows; ++r) {
     m[r] = neg_inf_f();
     l[r] = 0.f;
   }
-  std::fill(acc, acc + rows * D, 0.f);
+  std::fill(acc, acc + rows_padded * D, 0.f);
   int max_limit = -1;
   for (int r = 0; r < rows; ++r) max_limit = std::max(max_limit, row_limit[r]);
   const int end = std::min(length, max_limit + 1);
 
-  float logits[kTokensPerBlock][kMaxRowsPerPass];
-  float p[kMaxRowsPerPass];
+  alignas(64) float tile[kTokensPerBlock * D];
+  alignas(64) float s[kMaxRowsPerPass][kTokensPerBlock];  // logits, then probability weights
   for (int t0 = 0; t0 < end; t0 += kTokensPerBlock) {
-    const int n = std::min(kTokensPerBlock, end - t0);
-    for (int j = 0; j < n; ++j) {
-      key_logits(t0 + j, logits[j]);
-      for (int r = 0; r < rows; ++r)
-        if (t0 + j > row_limit[r]) logits[j][r] = neg_inf_f();
-    }
-    // One rescale per block and row.
+    const int n = std::min(kTokensPerBlock, end - t0), n_padded = (n + 3) / 4 * 4;
+    src.keys(t0, n, tile);
+    std::fill(tile + n * D, tile + n_padded * D, 0.f);
+    tile_logits<D>(q, rows_padded, tile, n_padded, s);
+    // Mask, then one rescale per block and row.
+    bool any = false;
     for (int r = 0; r < rows; ++r) {
+      float* sr = s[r];
+      for (int j = std::max(0, row_limit[r] - t0 + 1); j < n; ++j) sr[j] = neg_inf_f();
       float block_max = neg_inf_f();
-      for (int j = 0; j < n; ++j) block_max = std::max(block_max, logits[j][r]);
+      for (int j = 0; j < n; ++j) block_max = std::max(block_max, sr[j]);
       if (block_max == neg_inf_f()) {  // nothing visible in this block for row r
-        for (int j = 0; j < n; ++j) logits[j][r] = 0.f;
+        std::fill(sr, sr + n, 0.f);
         continue;
       }
       const float m_new = std::max(m[r], block_max);
@@ -59,29 +66,29 @@ void attend_part(int length, int rows, const int* row_limit, float* acc, float* 
         for (int i = 0; i < D; ++i) acc[r * D + i] *= correction;
       }
       m[r] = m_new;
-      for (int j = 0; j < n; ++j) {
-        logits[j][r] = exp_f(logits[j][r] - m_new);  // now the probability weight
-        l[r] += logits[j][r];
-      }
+      for (int j = 0; j < n; ++j) sr[j] -= m_new;
+      exp_block(sr, n);  // now the probability weights
+      float partial[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int j = 0; j < n; ++j) partial[j % 4] += sr[j];
+      const float block_sum = (partial[0] + partial[1]) + (partial[2] + partial[3]);
+      l[r] += block_sum;
+      any = any || block_sum != 0.f;
     }
+    if (!any) continue;
+    for (int r = rows; r < rows_padded; ++r) std::fill(s[r], s[r] + n, 0.f);
+    src.values(t0, n, tile);
+    // Zero weight never multiplies a NaN/Inf value: such a token goes to its rows with
+    // nonzero weight alone, then leaves the tile.
     for (int j = 0; j < n; ++j) {
-      bool any = false;
-      for (int r = 0; r < rows; ++r) {
-        p[r] = m[r] == neg_inf_f() ? 0.f : logits[j][r];
-        any = any || p[r] != 0.f;
-      }
-      if (any) value_acc(t0 + j, p, acc);
+      float* v = tile + j * D;
+      if (row_is_finite<D>(v)) continue;
+      for (int r = 0; r < rows; ++r)
+        if (s[r][j] != 0.f)
+          for (int i = 0; i < D; ++i) acc[r * D + i] += s[r][j] * v[i];
+      std::fill(v, v + D, 0.f);
     }
+    tile_accumulate<D>(s, rows_padded, tile, n, acc);
   }
-}
-
-// Dot product with 8 independent partial sums (vectorizes without -ffast-math).
-template <int D>
-KVQ_FORCE_INLINE float dot(const float* KVQ_RESTRICT a, const float* KVQ_RESTRICT b) {
-  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int i = 0; i < D; i += 8)
-    for (int k = 0; k < 8; ++k) s[k] += a[i + k] * b[i + k];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
 }  // namespace kvq::detail

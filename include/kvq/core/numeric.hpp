@@ -12,6 +12,10 @@
 
 #include "kvq/core/config.hpp"
 
+#if defined(__F16C__) && !defined(__CUDACC__)
+#include <immintrin.h>
+#endif
+
 namespace kvq {
 
 KVQ_HOST_DEVICE std::uint32_t float_bits(float f) {
@@ -65,6 +69,9 @@ KVQ_HOST_DEVICE std::uint16_t float_to_half_bits(float f, bool saturate = false)
 }
 
 KVQ_HOST_DEVICE float half_bits_to_float(std::uint16_t h) {
+#if defined(__F16C__) && !defined(__CUDACC__)
+  return _cvtsh_ss(h);  // the same exact widening in one instruction
+#endif
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exp = (h >> 10) & 0x1fu;
   std::uint32_t mant = h & 0x3ffu;

@@ -1,0 +1,255 @@
+// kvq/attention/tile.hpp — register-blocked fp32 tile products of the CPU decode
+// (DESIGN §9).
+//
+// The quantized and the full-precision CPU decode both turn a block of up to
+// kTokensPerBlock tokens into an fp32 tile that stays in L1 (dequantized codes, or
+// converted fp16/bf16 rows) and then run the same two products, so the fp16 baseline
+// and the quantized path have the same engineering:
+//   logits : S[r][j]  = Σ_i Q[r][i]·K[j][i]      Q [rows][D], K tile [n][D]
+//   values : A[r][i] += Σ_j P[r][j]·V[j][i]      S, P [kMaxRowsPerPass][kTokensPerBlock]
+// Rows are blocked by 4 (1 for a single row), tokens by 4; callers pad Q, P and the
+// tiles with zeros up to those multiples.
+//
+// SIMD width follows the compiler's target flags, chosen by the engine: 16 floats with
+// AVX-512F, 8 with AVX, else 4 (SSE2 / NEON), through GCC/Clang vector extensions.
+// Other compilers, and nvcc (whose tests include the CPU reference), use a lane loop.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kvq/core/config.hpp"
+#include "kvq/core/numeric.hpp"
+
+#if defined(__F16C__) && !defined(__CUDACC__)
+#include <immintrin.h>
+#endif
+
+namespace kvq::detail {
+
+inline constexpr int kMaxRowsPerPass = 16;  // query rows sharing one pass over the keys
+inline constexpr int kTokensPerBlock = 32;  // tokens per tile (one rescale per block)
+
+#if defined(__AVX512F__)
+inline constexpr int kNativeFloatLanes = 16;
+#elif defined(__AVX__)
+inline constexpr int kNativeFloatLanes = 8;
+#else
+inline constexpr int kNativeFloatLanes = 4;
+#endif
+
+// Widest native vector that divides D (D is a multiple of 4 wherever this is used).
+constexpr int lanes_for(int d) {
+  int w = kNativeFloatLanes;
+  while (w > 4 && d % w != 0) w /= 2;
+  return w;
+}
+
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+template <int W>
+struct FloatVecType;
+template <>
+struct FloatVecType<4> { typedef float type __attribute__((vector_size(16))); };
+template <>
+struct FloatVecType<8> { typedef float type __attribute__((vector_size(32))); };
+template <>
+struct FloatVecType<16> { typedef float type __attribute__((vector_size(64))); };
+template <int W>
+using FloatVec = typename FloatVecType<W>::type;
+#else
+template <int W>
+struct FloatVec {
+  float lane[W];
+  KVQ_FORCE_INLINE float operator[](int i) const { return lane[i]; }
+  friend KVQ_FORCE_INLINE FloatVec operator+(FloatVec a, const FloatVec& b) {
+    for (int i = 0; i < W; ++i) a.lane[i] += b.lane[i];
+    return a;
+  }
+  friend KVQ_FORCE_INLINE FloatVec operator-(FloatVec a, const FloatVec& b) {
+    for (int i = 0; i < W; ++i) a.lane[i] -= b.lane[i];
+    return a;
+  }
+  friend KVQ_FORCE_INLINE FloatVec operator*(FloatVec a, const FloatVec& b) {
+    for (int i = 0; i < W; ++i) a.lane[i] *= b.lane[i];
+    return a;
+  }
+  friend KVQ_FORCE_INLINE FloatVec operator*(float s, FloatVec a) {
+    for (int i = 0; i < W; ++i) a.lane[i] *= s;
+    return a;
+  }
+  KVQ_FORCE_INLINE FloatVec& operator+=(const FloatVec& b) { return *this = *this + b; }
+};
+#endif
+
+// Full unrolling keeps the register blocks of the products below in registers.
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define KVQ_UNROLL _Pragma("GCC unroll 16")
+#else
+#define KVQ_UNROLL
+#endif
+
+template <int W>
+KVQ_FORCE_INLINE FloatVec<W> load_vec(const float* p) {
+  FloatVec<W> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <int W>
+KVQ_FORCE_INLINE void store_vec(float* p, const FloatVec<W>& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+template <int W>
+KVQ_FORCE_INLINE FloatVec<W> zero_vec() {
+  FloatVec<W> v;
+  std::memset(&v, 0, sizeof v);
+  return v;
+}
+
+// Sum of the lanes by halving (a shuffle and an add per step). By value, with no
+// address taken, so the accumulators stay in registers.
+template <int W>
+KVQ_FORCE_INLINE float sum_lanes(FloatVec<W> v) {
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+  if constexpr (W == 16) {
+    return sum_lanes<8>(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                        __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+  } else if constexpr (W == 8) {
+    return sum_lanes<4>(__builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7));
+  } else
+#endif
+  {
+    float s = 0.f;
+    for (int i = 0; i < W; ++i) s += v[i];
+    return s;
+  }
+}
+
+// S[r][j] for r < RB, j < TB over one row block and one token block.
+template <int D, int RB, int TB>
+KVQ_FORCE_INLINE void logits_block(const float* KVQ_RESTRICT q, const float* KVQ_RESTRICT k, int r0, int j0,
+                                   float (*KVQ_RESTRICT s)[kTokensPerBlock]) {
+  constexpr int W = lanes_for(D);
+  FloatVec<W> acc[RB][TB];
+  KVQ_UNROLL for (int r = 0; r < RB; ++r)
+    KVQ_UNROLL for (int j = 0; j < TB; ++j) acc[r][j] = zero_vec<W>();
+  for (int i = 0; i < D; i += W) {
+    FloatVec<W> kv[TB];
+    KVQ_UNROLL for (int j = 0; j < TB; ++j) kv[j] = load_vec<W>(k + (j0 + j) * D + i);
+    KVQ_UNROLL for (int r = 0; r < RB; ++r) {
+      const FloatVec<W> qv = load_vec<W>(q + (r0 + r) * D + i);
+      KVQ_UNROLL for (int j = 0; j < TB; ++j) acc[r][j] += qv * kv[j];
+    }
+  }
+  KVQ_UNROLL for (int r = 0; r < RB; ++r)
+    KVQ_UNROLL for (int j = 0; j < TB; ++j) s[r0 + r][j0 + j] = sum_lanes<W>(acc[r][j]);
+}
+
+// S = Q·Kᵀ for rows_padded rows (1 or a multiple of 4) and n_padded tokens (multiple of 4).
+template <int D>
+void tile_logits(const float* q, int rows_padded, const float* k, int n_padded, float (*s)[kTokensPerBlock]) {
+  for (int j0 = 0; j0 < n_padded; j0 += 4) {
+    if (rows_padded == 1) {
+      logits_block<D, 1, 4>(q, k, 0, j0, s);
+    } else {
+      for (int r0 = 0; r0 < rows_padded; r0 += 4) logits_block<D, 4, 4>(q, k, r0, j0, s);
+    }
+  }
+}
+
+// A[r0..r0+RB) += Pᵀ·V over n tokens, D in chunks of two vectors.
+template <int D, int RB>
+KVQ_FORCE_INLINE void accumulate_rows(const float (*KVQ_RESTRICT p)[kTokensPerBlock], int r0, const float* KVQ_RESTRICT v,
+                                      int n, float* KVQ_RESTRICT acc) {
+  constexpr int W = lanes_for(D);
+  constexpr int C = D % (2 * W) == 0 ? 2 : 1;
+  for (int i = 0; i < D; i += C * W) {
+    FloatVec<W> a[RB][C];
+    KVQ_UNROLL for (int r = 0; r < RB; ++r)
+      KVQ_UNROLL for (int c = 0; c < C; ++c) a[r][c] = load_vec<W>(acc + (r0 + r) * D + i + c * W);
+    for (int j = 0; j < n; ++j) {
+      FloatVec<W> vv[C];
+      KVQ_UNROLL for (int c = 0; c < C; ++c) vv[c] = load_vec<W>(v + j * D + i + c * W);
+      KVQ_UNROLL for (int r = 0; r < RB; ++r) {
+        const float w = p[r0 + r][j];
+        KVQ_UNROLL for (int c = 0; c < C; ++c) a[r][c] += w * vv[c];
+      }
+    }
+    KVQ_UNROLL for (int r = 0; r < RB; ++r)
+      KVQ_UNROLL for (int c = 0; c < C; ++c) store_vec<W>(acc + (r0 + r) * D + i + c * W, a[r][c]);
+  }
+}
+
+// A += Pᵀ·V for rows_padded rows (1 or a multiple of 4).
+template <int D>
+void tile_accumulate(const float (*p)[kTokensPerBlock], int rows_padded, const float* v, int n, float* acc) {
+  if (rows_padded == 1) {
+    accumulate_rows<D, 1>(p, 0, v, n, acc);
+  } else {
+    for (int r0 = 0; r0 < rows_padded; r0 += 4) accumulate_rows<D, 4>(p, r0, v, n, acc);
+  }
+}
+
+// e^x for a block of n ≤ kTokensPerBlock floats, written so that it vectorizes (the
+// libm call per logit cost as much as the products). Cephes' degree-6 polynomial after
+// x = k·ln2 + r, |r| ≤ ln2/2: within 2 ulp of expf. x < −87 (−∞ included) gives exactly
+// 0, NaN gives NaN; the softmax only calls it with x ≤ 0.
+KVQ_FORCE_INLINE void exp_block(float* x, int n) {
+  for (int j = 0; j < n; ++j) {
+    const float t = x[j] * 1.44269504088896341f;
+    const float shifted = t + 12582912.f;  // 1.5·2^23: round(t) lands in the low mantissa bits
+    const float k = shifted - 12582912.f;
+    const float r = (x[j] - k * 0.693359375f) - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.f;
+    const std::uint32_t k_bits = std::bit_cast<std::uint32_t>(shifted) - 0x4B400000u;  // k as two's complement
+    const float scale = std::bit_cast<float>((k_bits + 127u) << 23);
+    x[j] = x[j] < -87.f ? 0.f : p * scale;
+  }
+}
+
+// True when every element of the row is finite (x − x is 0 exactly for finite x).
+template <int D>
+KVQ_FORCE_INLINE bool row_is_finite(const float* row) {
+  constexpr int W = lanes_for(D);
+  FloatVec<W> z = zero_vec<W>();
+  for (int i = 0; i < D; i += W) {
+    const FloatVec<W> x = load_vec<W>(row + i);
+    z += x - x;
+  }
+  return sum_lanes<W>(z) == 0.f;
+}
+
+// One [D] row of T as fp32 (F16C for fp16 when the target has it).
+template <int D, ActivationType T>
+KVQ_FORCE_INLINE void convert_row(const T* KVQ_RESTRICT src, float* KVQ_RESTRICT dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, D * sizeof(float));
+  } else if constexpr (std::is_same_v<T, bfloat16_t>) {
+    for (int i = 0; i < D; ++i) {
+      std::uint16_t b;
+      std::memcpy(&b, src + i, 2);
+      const std::uint32_t bits = std::uint32_t(b) << 16;
+      std::memcpy(dst + i, &bits, 4);
+    }
+  } else {
+#if defined(__F16C__) && !defined(__CUDACC__)
+    if constexpr (D % 8 == 0) {
+      for (int i = 0; i < D; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+      return;
+    }
+#endif
+    for (int i = 0; i < D; ++i) dst[i] = to_float(src[i]);
+  }
+}
+
+}  // namespace kvq::detail

@@ -1,0 +1,117 @@
+// The CPU tile products and helpers of kvq/attention/tile.hpp against plain fp64 loops.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/test_utils.hpp"
+#include "kvq/attention/tile.hpp"
+
+namespace {
+
+using kvq::detail::kMaxRowsPerPass;
+using kvq::detail::kTokensPerBlock;
+
+template <int D>
+void check_products(int rows_padded, int n, std::uint32_t seed) {
+  const auto q = kvq::test::random_normal(std::size_t(rows_padded) * D, seed);
+  const auto k = kvq::test::random_normal(std::size_t(kTokensPerBlock) * D, seed + 1);
+  const auto v = kvq::test::random_normal(std::size_t(kTokensPerBlock) * D, seed + 2);
+  float s[kMaxRowsPerPass][kTokensPerBlock];
+  for (auto& row : s)
+    for (float& x : row) x = kvq::test::kPoison;
+  const int n_padded = (n + 3) / 4 * 4;
+  kvq::detail::tile_logits<D>(q.data(), rows_padded, k.data(), n_padded, s);
+  for (int r = 0; r < rows_padded; ++r)
+    for (int j = 0; j < n_padded; ++j) {
+      double ref = 0;
+      for (int i = 0; i < D; ++i) ref += double(q[r * D + i]) * k[j * D + i];
+      ASSERT_NEAR(s[r][j], ref, 1e-5 * (1 + std::sqrt(double(D)))) << "r " << r << " j " << j;
+    }
+  for (int r = rows_padded; r < kMaxRowsPerPass; ++r) EXPECT_EQ(s[r][0], kvq::test::kPoison) << "row " << r;
+  EXPECT_EQ(s[0][n_padded % kTokensPerBlock], n_padded == kTokensPerBlock ? s[0][0] : kvq::test::kPoison);
+
+  // Weights in [0, 1]; the accumulator starts from a nonzero state.
+  const auto w = kvq::test::random_normal(std::size_t(kMaxRowsPerPass) * kTokensPerBlock, seed + 3);
+  float p[kMaxRowsPerPass][kTokensPerBlock];
+  for (int r = 0; r < kMaxRowsPerPass; ++r)
+    for (int j = 0; j < kTokensPerBlock; ++j) p[r][j] = std::abs(w[r * kTokensPerBlock + j]) / 3.f;
+  auto acc = kvq::test::random_normal(std::size_t(kMaxRowsPerPass) * D, seed + 4);
+  const auto before = acc;
+  kvq::detail::tile_accumulate<D>(p, rows_padded, v.data(), n, acc.data());
+  for (int r = 0; r < kMaxRowsPerPass; ++r)
+    for (int i = 0; i < D; ++i) {
+      double ref = before[r * D + i];
+      if (r < rows_padded)
+        for (int j = 0; j < n; ++j) ref += double(p[r][j]) * v[j * D + i];
+      ASSERT_NEAR(acc[r * D + i], ref, 1e-5 * (1 + n)) << "r " << r << " i " << i;
+    }
+}
+
+TEST(CpuTile, ProductsMatchFp64Loops) {
+  check_products<64>(1, 32, 1);
+  check_products<64>(4, 5, 2);
+  check_products<128>(16, 32, 3);
+  check_products<128>(8, 1, 4);
+  check_products<256>(12, 17, 5);
+  check_products<24>(4, 7, 6);  // head_dim with no 16-float vector (dense attention allows it)
+}
+
+TEST(CpuTile, ExpBlockIsWithinFourUlpOfExp) {
+  std::vector<float> x;
+  for (float t = -90.f; t <= 0.f; t += 0.0137f) x.push_back(t);
+  x.push_back(-0.f);
+  x.push_back(-1e-30f);
+  const std::vector<float> in = x;
+  for (std::size_t j0 = 0; j0 < x.size(); j0 += kTokensPerBlock)
+    kvq::detail::exp_block(x.data() + j0, int(std::min<std::size_t>(kTokensPerBlock, x.size() - j0)));
+  for (std::size_t j = 0; j < x.size(); ++j) {
+    if (in[j] < -87.f) {
+      EXPECT_EQ(x[j], 0.f) << in[j];
+      continue;
+    }
+    const double ref = std::exp(double(in[j]));
+    EXPECT_LE(std::abs(x[j] - ref), 4 * std::numeric_limits<float>::epsilon() * ref) << "x = " << in[j];
+  }
+  float special[3] = {-std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(), -87.5f};
+  kvq::detail::exp_block(special, 3);
+  EXPECT_EQ(special[0], 0.f);
+  EXPECT_TRUE(std::isnan(special[1]));
+  EXPECT_EQ(special[2], 0.f);
+}
+
+TEST(CpuTile, RowIsFiniteAndConvertRow) {
+  std::vector<float> row(128, 1.5f);
+  EXPECT_TRUE(kvq::detail::row_is_finite<128>(row.data()));
+  row[77] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(kvq::detail::row_is_finite<128>(row.data()));
+  row[77] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(kvq::detail::row_is_finite<128>(row.data()));
+  row[77] = std::numeric_limits<float>::max();
+  EXPECT_TRUE(kvq::detail::row_is_finite<128>(row.data()));
+
+  // Every fp16 and bf16 bit pattern converts exactly as the scalar conversion does.
+  std::vector<kvq::half_t> h(64);
+  std::vector<kvq::bfloat16_t> b(64);
+  std::vector<float> out(64);
+  for (std::uint32_t base = 0; base < 65536; base += 64) {
+    for (int i = 0; i < 64; ++i) {
+      h[i] = kvq::half_t::from_bits(std::uint16_t(base + i));
+      b[i] = kvq::bfloat16_t::from_bits(std::uint16_t(base + i));
+    }
+    kvq::detail::convert_row<64>(h.data(), out.data());
+    for (int i = 0; i < 64; ++i) {
+      const float ref = kvq::half_bits_to_float(std::uint16_t(base + i));
+      ASSERT_TRUE(std::isnan(ref) ? std::isnan(out[i]) : out[i] == ref && std::signbit(out[i]) == std::signbit(ref))
+          << std::hex << base + i;
+    }
+    kvq::detail::convert_row<64>(b.data(), out.data());
+    for (int i = 0; i < 64; ++i) {
+      const float ref = kvq::bf16_bits_to_float(std::uint16_t(base + i));
+      ASSERT_TRUE(std::isnan(ref) ? std::isnan(out[i]) : out[i] == ref) << std::hex << base + i;
+    }
+  }
+}
+
+}  // namespace
