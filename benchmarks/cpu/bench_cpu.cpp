@@ -40,7 +40,8 @@ struct Table {
   int pages() const { return indptr[1]; }
 };
 
-template <kvq::Policy P>
+// Quantized decode; Scoring picks fp32 key tiles (the reference) or int8-query integer dots.
+template <kvq::Policy P, kvq::KeyScoring Scoring = kvq::KeyScoring::fp32_tiles>
 void BM_DecodeQuantized(benchmark::State& state) {
   const int tokens = int(state.range(0));
   Table t(tokens);
@@ -61,7 +62,7 @@ void BM_DecodeQuantized(benchmark::State& state) {
   const kvq::DecodeParams<float, float> p{q.data(), q_indptr, kQoHeads, nullptr, 0.f, false, out.data(), lse.data()};
   const kvq::ConstPagedCacheView<P> cache{pool.data(), t.pages(), layout};
   for (auto _ : state) {
-    kvq::throw_if_error(kvq::decode_attention<P>(cache, t.view(), p, params.view()));
+    kvq::throw_if_error(kvq::decode_attention<P>(cache, t.view(), p, params.view(), {Scoring}));
     benchmark::DoNotOptimize(out.data());
   }
   const double bytes = double(tokens) * kKvHeads * kvq::PageLayout<P>::kBytesPerTokenHead;
@@ -173,6 +174,12 @@ BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V4>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V2>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2_HC>) KVQ_CONTEXTS;
+constexpr auto kInt8 = kvq::KeyScoring::int8_query;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V4, kInt8>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2, kInt8>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V4, kInt8>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V2, kInt8>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2_HC, kInt8>) KVQ_CONTEXTS;
 BENCHMARK(BM_ReadBandwidth)->Arg(64 << 20)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AppendFp16Copy)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2>)->Arg(4096)->Unit(benchmark::kMicrosecond);

@@ -61,17 +61,24 @@ struct PagedCase {
     return append_kv<P>(cache(), table(), ks.data(), vs.data(), int(bs.size()), bs.data(), ps.data(), params.view());
   }
 
-  // Exact fp64 attention of every query row over the dequantized K̂, V̂ of the cache.
-  // out: [Σ q_lens, hq, D], lse: [Σ q_lens, hq].
+  // Exact fp64 attention of every query row over the dequantized K̂, V̂ of the cache
+  // (or, with full_precision, over the original K, V). out: [Σ q_lens, hq, D],
+  // lse: [Σ q_lens, hq].
   void reference(std::vector<double>& out, std::vector<double>& lse, const std::int32_t* causal_offset = nullptr,
-                 float sm_scale = 0.f) const {
+                 float sm_scale = 0.f, bool full_precision = false) const {
     out.assign(q.size(), 0.0);
     lse.assign(q.size() / D, 0.0);
     const double tau = sm_scale != 0.f ? sm_scale : 1.0 / std::sqrt(double(D));
     for (int b = 0; b < batch(); ++b) {
       const int len = seq_lens[b];
       std::vector<float> kh(std::size_t(len) * hkv * D), vh(kh.size());
-      throw_if_error(dequantize_sequence<P>(const_cache(), table(), b, params.view(), kh.data(), vh.data()));
+      if (full_precision) {
+        const std::size_t first = std::size_t(kv_rows[b]) * hkv * D;
+        std::copy(k.begin() + first, k.begin() + first + kh.size(), kh.begin());
+        std::copy(v.begin() + first, v.begin() + first + vh.size(), vh.begin());
+      } else {
+        throw_if_error(dequantize_sequence<P>(const_cache(), table(), b, params.view(), kh.data(), vh.data()));
+      }
       const int off = causal_offset ? causal_offset[b] : len - q_lens[b];
       for (int i = 0; i < q_lens[b]; ++i)
         for (int j = 0; j < hq; ++j) {

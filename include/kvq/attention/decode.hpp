@@ -6,7 +6,9 @@
 // which is DESIGN §4's on-code form τ·Σ_g [s·Σ q'c + lo·Σ q'] summed in another order.
 // On the CPU each block of 32 tokens is dequantized into an fp32 tile in L1 and goes
 // through the register-blocked tile products of kvq/attention/tile.hpp, the same ones
-// the fp16 baseline uses (the CUDA kernels work on the codes directly). Values
+// the fp16 baseline uses (the CUDA kernels work on the codes directly). With
+// KeyScoring::int8_query the keys are instead scored on their codes with integer dot
+// products against a per-group int8 query (kvq/attention/query_int8.hpp). Values
 // accumulate under an online softmax in fp32; then ô = acc/l, o = ô·R_Vᵀ + ν (unless
 // rotated_output), and lse = m + ln l + τ·(q·μ_K) so the part merges with un-centered
 // parts.
@@ -17,6 +19,7 @@
 
 #include "kvq/attention/online.hpp"
 #include "kvq/attention/params.hpp"
+#include "kvq/attention/query_int8.hpp"
 #include "kvq/attention/softmax.hpp"
 #include "kvq/core/packing.hpp"
 #include "kvq/core/quantizer.hpp"
@@ -26,16 +29,20 @@
 
 namespace kvq {
 
-namespace detail {
+// How the CPU decode scores keys.
+enum class KeyScoring : std::uint8_t {
+  fp32_tiles,  // keys dequantized into fp32 tiles: the reference, within 1e-5 of fp64
+               // attention over K̂, V̂
+  int8_query,  // integer dot products on the codes with a per-group int8 query
+               // (DESIGN §9, kvq/attention/query_int8.hpp): faster; q' is rounded to
+               // 8 bits per key group
+};
 
-// The CPU decode dequantizes a b-bit row in "slab order": slab k holds bit field k of
-// every byte, so unpacking is one contiguous pass per slab and vectorizes. Element i
-// sits at slab_position(i); queries (keys) and accumulators (values) use the same order.
-template <int Bits, int D>
-constexpr int slab_position(int i) {
-  constexpr int per_byte = 8 / Bits;
-  return (i % per_byte) * (D / per_byte) + i / per_byte;
-}
+struct CpuDecodeOptions {
+  KeyScoring key_scoring = KeyScoring::fp32_tiles;
+};
+
+namespace detail {
 
 // One packed row → fp32 ŷ = s·c + lo in slab order. Byte j of every slab belongs to
 // group j / (G/per_byte), so the scale and offset of a slab position depend on the byte
@@ -56,29 +63,53 @@ KVQ_FORCE_INLINE void dequantize_row_slabs(const std::uint8_t* KVQ_RESTRICT code
       out[k * bytes + j] = scale[j] * float((unsigned(codes[j]) >> (k * Bits)) & mask) + offset[j];
 }
 
-// Key/value tiles of one sequence and KV head for attend_part.
-template <Policy P>
+// Keys and values of one sequence and KV head for attend_part.
+//   fp32_tiles : q is [padded_rows(rows)][D], τ·q' in the key slab order; keys are
+//                dequantized into fp32 tiles
+//   int8_query : q8 holds the int8 rows; keys are scored on their codes
+template <Policy P, KeyScoring S>
 struct QuantizedTileSource {
+  static constexpr int D = P.head_dim;
   const ConstPagedCacheView<P>& cache;
   const PageTableView& table;
-  int batch, head;
+  int batch, head, rows;
+  const float* q;
+  const Int8Query<P.key.bits, P.key.group, D>* q8;
 
-  void keys(int t0, int n, float* tile) const {
-    for (int j = 0; j < n; ++j) {
-      const auto [page, slot] = locate(t0 + j);
-      dequantize_row_slabs<P.key.bits, P.key.group, P.head_dim, P.key.meta>(
-          reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(page, head, slot)),
-          reinterpret_cast<const meta_storage_t<P.key.meta>*>(cache.layout.key_meta_bytes(page, head, slot)),
-          tile + j * P.head_dim);
+  void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) const {
+    if constexpr (S == KeyScoring::fp32_tiles) {
+      logits_from_tile<D>(q, padded_rows(rows), t0, n, tile, s, [&](int t, int count, float* out) {
+        for (int j = 0; j < count; ++j) {
+          const auto [page, slot] = locate(t + j);
+          dequantize_row_slabs<P.key.bits, P.key.group, D, P.key.meta>(
+              reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(page, head, slot)), key_meta(page, slot),
+              out + j * D);
+        }
+      });
+    } else {
+      constexpr int NK = D / P.key.group;
+      alignas(64) std::uint8_t codes[D];
+      float scale[NK], lo[NK];
+      for (int j = 0; j < n; ++j) {
+        const auto [page, slot] = locate(t0 + j);
+        unpack_codes_slabs<P.key.bits, D>(reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(page, head, slot)),
+                                          codes);
+        const auto* meta = key_meta(page, slot);
+        for (int g = 0; g < NK; ++g) {
+          scale[g] = MetaTraits<P.key.meta>::decode(meta[2 * g]);
+          lo[g] = MetaTraits<P.key.meta>::decode(meta[2 * g + 1]);
+        }
+        q8->score(codes, scale, lo, rows, &s[0][j], kTokensPerBlock);
+      }
     }
   }
   void values(int t0, int n, float* tile) const {
     for (int j = 0; j < n; ++j) {
       const auto [page, slot] = locate(t0 + j);
-      dequantize_row_slabs<P.value.bits, P.value.group, P.head_dim, P.value.meta>(
+      dequantize_row_slabs<P.value.bits, P.value.group, D, P.value.meta>(
           reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(page, head, slot)),
           reinterpret_cast<const meta_storage_t<P.value.meta>*>(cache.layout.value_meta_bytes(page, head, slot)),
-          tile + j * P.head_dim);
+          tile + j * D);
     }
   }
 
@@ -88,6 +119,9 @@ struct QuantizedTileSource {
     int slot;
   };
   Slot locate(int t) const { return {cache.page(table.page_of(batch, t)), t % table.page_size}; }
+  const meta_storage_t<P.key.meta>* key_meta(const std::byte* page, int slot) const {
+    return reinterpret_cast<const meta_storage_t<P.key.meta>*>(cache.layout.key_meta_bytes(page, head, slot));
+  }
 };
 
 template <Policy P>
@@ -102,28 +136,23 @@ Status validate_decode(const ConstPagedCacheView<P>& cache, const PageTableView&
 
 }  // namespace detail
 
-// Decode attention of a ragged batch over the quantized part of its cache.
-// Shapes: see DecodeParams. Writes out/lse for every query row (rows that see no key
-// get o = 0, lse = −∞). A NaN group in the cache makes the rows that see it NaN.
-template <Policy P, ActivationType QT, ActivationType OT>
-Status decode_attention(const ConstPagedCacheView<P>& cache, const PageTableView& table,
-                        const DecodeParams<QT, OT>& p, const RotationParams& r = {}) {
-  static_assert(check_policy<P>());
+namespace detail {
+
+template <Policy P, KeyScoring S, ActivationType QT, ActivationType OT>
+void decode_quantized(const ConstPagedCacheView<P>& cache, const PageTableView& table, const DecodeParams<QT, OT>& p,
+                      const RotationParams& r) {
   constexpr int D = P.head_dim;
+  constexpr int kRows = kMaxRowsPerPass;
   const int hkv = cache.layout.num_kv_heads;
-  KVQ_RETURN_IF_ERROR(detail::validate_decode(cache, table, r));
-  KVQ_RETURN_IF_ERROR(validate_decode_params(p, table, hkv));
-  KVQ_CHECK_ARG(!p.rotated_output || !P.value.centered, StatusCode::invalid_argument,
-                "attention: rotated_output needs a policy without value centering");
   const int hq = p.num_qo_heads, group = hq / hkv;
   const float tau = p.scale(D);
-  constexpr int kRows = detail::kMaxRowsPerPass;
 
   alignas(64) float qrot[D];
-  alignas(64) float q_slabs[kRows * D];  // τ·q' in the key slab order
+  alignas(64) float q_slabs[S == KeyScoring::fp32_tiles ? kRows * D : 1];  // τ·q' in the key slab order
+  Int8Query<P.key.bits, P.key.group, D> q8;
   float shift[kRows];
   int limit[kRows];
-  alignas(64) float acc[kRows * D];      // in the value slab order
+  alignas(64) float acc[kRows * D];  // in the value slab order
   float m[kRows], l[kRows];
   alignas(64) float o[D];
   float scratch[D];
@@ -134,27 +163,32 @@ Status decode_attention(const ConstPagedCacheView<P>& cache, const PageTableView
     const int offset = p.causal_offset ? p.causal_offset[b] : len - nq;
     const int rows_total = nq * group;
     for (int h = 0; h < hkv; ++h) {
-      detail::QuantizedTileSource<P> source{cache, table, b, h};
       for (int r0 = 0; r0 < rows_total; r0 += kRows) {
         const int rows = std::min(kRows, rows_total - r0);
         // Row r ↔ (query token i, query head j = h·group + jj).
-        std::fill(q_slabs, q_slabs + detail::padded_rows(rows) * D, 0.f);
+        if constexpr (S == KeyScoring::fp32_tiles) std::fill(q_slabs, q_slabs + padded_rows(rows) * D, 0.f);
         for (int rr = 0; rr < rows; ++rr) {
           const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
           const QT* src = p.q + (std::size_t(q0 + i) * hq + j) * D;
           for (int d = 0; d < D; ++d) qrot[d] = to_float(src[d]);
           shift[rr] = transform_query<P>(qrot, h, r, scratch);
-          for (int d = 0; d < D; ++d) q_slabs[rr * D + detail::slab_position<P.key.bits, D>(d)] = tau * qrot[d];
+          for (int d = 0; d < D; ++d) qrot[d] *= tau;
+          if constexpr (S == KeyScoring::fp32_tiles) {
+            for (int d = 0; d < D; ++d) q_slabs[rr * D + slab_position<P.key.bits, D>(d)] = qrot[d];
+          } else {
+            q8.set_row(rr, qrot);
+          }
           const long long lim = static_cast<long long>(i) + offset;
           limit[rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
         }
-        detail::attend_part<D>(len, rows, limit, q_slabs, acc, m, l, source);
+        QuantizedTileSource<P, S> source{cache, table, b, h, rows, q_slabs, &q8};
+        attend_part<D>(len, rows, limit, acc, m, l, source);
         // Normalize, return to the original basis, write.
         for (int rr = 0; rr < rows; ++rr) {
           const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
           const bool empty = l[rr] == 0.f;
           const float inv_l = empty ? 0.f : 1.f / l[rr];
-          for (int d = 0; d < D; ++d) o[d] = acc[rr * D + detail::slab_position<P.value.bits, D>(d)] * inv_l;
+          for (int d = 0; d < D; ++d) o[d] = acc[rr * D + slab_position<P.value.bits, D>(d)] * inv_l;
           if (!empty && !p.rotated_output) untransform_output<P>(o, h, r, scratch);
           OT* dst = p.out + (std::size_t(q0 + i) * hq + j) * D;
           for (int d = 0; d < D; ++d) dst[d] = from_float<OT>(o[d]);
@@ -163,7 +197,30 @@ Status decode_attention(const ConstPagedCacheView<P>& cache, const PageTableView
       }
     }
   }
-  return {};
+}
+
+}  // namespace detail
+
+// Decode attention of a ragged batch over the quantized part of its cache.
+// Shapes: see DecodeParams. Writes out/lse for every query row (rows that see no key
+// get o = 0, lse = −∞). A NaN group in the cache makes the rows that see it NaN.
+template <Policy P, ActivationType QT, ActivationType OT>
+Status decode_attention(const ConstPagedCacheView<P>& cache, const PageTableView& table,
+                        const DecodeParams<QT, OT>& p, const RotationParams& r = {}, CpuDecodeOptions options = {}) {
+  static_assert(check_policy<P>());
+  KVQ_RETURN_IF_ERROR(detail::validate_decode(cache, table, r));
+  KVQ_RETURN_IF_ERROR(validate_decode_params(p, table, cache.layout.num_kv_heads));
+  KVQ_CHECK_ARG(!p.rotated_output || !P.value.centered, StatusCode::invalid_argument,
+                "attention: rotated_output needs a policy without value centering");
+  switch (options.key_scoring) {
+    case KeyScoring::fp32_tiles:
+      detail::decode_quantized<P, KeyScoring::fp32_tiles>(cache, table, p, r);
+      return {};
+    case KeyScoring::int8_query:
+      detail::decode_quantized<P, KeyScoring::int8_query>(cache, table, p, r);
+      return {};
+  }
+  return {StatusCode::invalid_argument, "attention: unknown key_scoring"};
 }
 
 }  // namespace kvq

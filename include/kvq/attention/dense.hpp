@@ -42,14 +42,19 @@ struct DensePageLayout {
 
 namespace detail {
 
-// Key/value tiles of one sequence and KV head for attend_part: rows of T converted to
-// fp32 (natural order). key_row(t) / value_row(t) return the [D] row of token t.
+// Keys and values of one sequence and KV head for attend_part: rows of T converted to
+// fp32 tiles (natural order). key_row(t) / value_row(t) return the [D] row of token t;
+// q is [padded_rows(rows)][D], × τ.
 template <int D, ActivationType T, class KeyRow, class ValueRow>
 struct DenseTileSource {
   KeyRow key_row;
   ValueRow value_row;
-  void keys(int t0, int n, float* tile) const {
-    for (int j = 0; j < n; ++j) convert_row<D>(key_row(t0 + j), tile + j * D);
+  const float* q;
+  int rows_padded;
+  void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) const {
+    logits_from_tile<D>(q, rows_padded, t0, n, tile, s, [&](int t, int count, float* out) {
+      for (int j = 0; j < count; ++j) convert_row<D>(key_row(t + j), out + j * D);
+    });
   }
   void values(int t0, int n, float* tile) const {
     for (int j = 0; j < n; ++j) convert_row<D>(value_row(t0 + j), tile + j * D);
@@ -75,9 +80,9 @@ void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& se
     for (int h = 0; h < hkv; ++h) {
       auto k_row = [&, b, h](int t) -> const T* { return key_row(b, t, h); };
       auto v_row = [&, b, h](int t) -> const T* { return value_row(b, t, h); };
-      DenseTileSource<D, T, decltype(k_row), decltype(v_row)> source{k_row, v_row};
       for (int r0 = 0; r0 < nq * group; r0 += kMaxRowsPerPass) {
         const int rows = std::min(kMaxRowsPerPass, nq * group - r0);
+        DenseTileSource<D, T, decltype(k_row), decltype(v_row)> source{k_row, v_row, qs, padded_rows(rows)};
         std::fill(qs, qs + padded_rows(rows) * D, 0.f);
         for (int rr = 0; rr < rows; ++rr) {
           const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
@@ -86,7 +91,7 @@ void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& se
           const long long lim = static_cast<long long>(i) + offset;
           limit[rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
         }
-        attend_part<D>(len, rows, limit, qs, acc, m, l, source);
+        attend_part<D>(len, rows, limit, acc, m, l, source);
         for (int rr = 0; rr < rows; ++rr) {
           const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
           const bool empty = l[rr] == 0.f;

@@ -21,16 +21,14 @@ constexpr int padded_rows(int rows) { return rows == 1 ? 1 : (rows + 3) / 4 * 4;
 
 // Runs the online softmax over tokens [0, length).
 //   row_limit[r]   : row r sees tokens t ≤ row_limit[r] (causal); < 0 sees none
-//   q              : [padded_rows(rows)][D] queries in the source's key order, already
-//                    multiplied by τ; rows ≥ `rows` zero
-//   src.keys(t0, n, tile)   : tile[j·D + i] = k̂_{t0+j}[i] in the key order, j < n
-//   src.values(t0, n, tile) : the same for v̂ in the value order
+//   src.logits(t0, n, tile, s) : s[r][j] = τ·q_r·k̂_{t0+j} for r < rows, j < n (the
+//                                source holds the queries; tile is [kTokensPerBlock·D] scratch)
+//   src.values(t0, n, tile)    : tile[j·D + i] = v̂_{t0+j}[i] in the value order, j < n
 //   acc  : [padded_rows(rows)][D]; on return rows < `rows` hold Σ p·v̂ (unnormalized)
 //   m, l : [rows] running max (of τ·logits) and sum
 // A non-finite value row reaches only the rows whose weight for it is nonzero.
 template <int D, class Source>
-void attend_part(int length, int rows, const int* row_limit, const float* q, float* acc, float* m, float* l,
-                 Source& src) {
+void attend_part(int length, int rows, const int* row_limit, float* acc, float* m, float* l, Source& src) {
   const int rows_padded = padded_rows(rows);
   for (int r = 0; r < rows; ++r) {
     m[r] = neg_inf_f();
@@ -44,10 +42,8 @@ void attend_part(int length, int rows, const int* row_limit, const float* q, flo
   alignas(64) float tile[kTokensPerBlock * D];
   alignas(64) float s[kMaxRowsPerPass][kTokensPerBlock];  // logits, then probability weights
   for (int t0 = 0; t0 < end; t0 += kTokensPerBlock) {
-    const int n = std::min(kTokensPerBlock, end - t0), n_padded = (n + 3) / 4 * 4;
-    src.keys(t0, n, tile);
-    std::fill(tile + n * D, tile + n_padded * D, 0.f);
-    tile_logits<D>(q, rows_padded, tile, n_padded, s);
+    const int n = std::min(kTokensPerBlock, end - t0);
+    src.logits(t0, n, tile, s);
     // Mask, then one rescale per block and row.
     bool any = false;
     for (int r = 0; r < rows; ++r) {
@@ -89,6 +85,17 @@ void attend_part(int length, int rows, const int* row_limit, const float* q, flo
     }
     tile_accumulate<D>(s, rows_padded, tile, n, acc);
   }
+}
+
+// Source::logits for keys that come as fp32 tiles: load_keys(t0, n, tile) fills
+// tile[j·D + i] in the order of q, which is [padded_rows(rows)][D], × τ, zero-padded.
+template <int D, class LoadKeys>
+KVQ_FORCE_INLINE void logits_from_tile(const float* q, int rows_padded, int t0, int n, float* tile,
+                                       float (*s)[kTokensPerBlock], LoadKeys&& load_keys) {
+  const int n_padded = (n + 3) / 4 * 4;
+  load_keys(t0, n, tile);
+  std::fill(tile + n * D, tile + n_padded * D, 0.f);
+  tile_logits<D>(q, rows_padded, tile, n_padded, s);
 }
 
 }  // namespace kvq::detail
