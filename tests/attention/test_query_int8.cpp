@@ -7,6 +7,7 @@
 
 #include "common/paged_case.hpp"
 #include "kvq/attention/decode.hpp"
+#include "kvq/core/packing.hpp"
 
 namespace {
 
@@ -20,17 +21,17 @@ void check_scoring(std::uint32_t seed) {
   const auto q = kvq::test::random_normal(std::size_t(rows) * D, seed, 3.f);
   kvq::detail::Int8Query<Bits, G, D> q8;
   for (int r = 0; r < rows; ++r) q8.set_row(r, q.data() + r * D);
-  std::vector<std::uint8_t> natural(D), slabs(D);
+  std::vector<std::uint8_t> natural(D), packed(D * Bits / 8);
   for (int i = 0; i < D; ++i) natural[i] = std::uint8_t(rng() % (1u << Bits));
-  for (int i = 0; i < D; ++i) slabs[kvq::detail::slab_position<Bits, D>(i)] = natural[i];
-  float s[NK], lo[NK];
+  kvq::pack_codes<Bits>(natural.data(), D, packed.data());
+  float s[NK], lo[NK], meta[2 * NK];
   for (int g = 0; g < NK; ++g) {
-    s[g] = 0.01f + 0.2f * float(rng() % 100) / 100.f;
-    lo[g] = -1.f + float(rng() % 100) / 50.f;
+    s[g] = meta[2 * g] = 0.01f + 0.2f * float(rng() % 100) / 100.f;
+    lo[g] = meta[2 * g + 1] = -1.f + float(rng() % 100) / 50.f;
   }
   float logits[rows * 3];
   for (float& x : logits) x = kPoison;
-  q8.score(slabs.data(), s, lo, rows, logits, 3);
+  q8.score(packed.data(), meta, rows, logits, 3);
   for (int r = 0; r < rows; ++r) {
     double with_q8 = 0, exact = 0, bound = 0;
     for (int g = 0; g < NK; ++g) {
@@ -62,6 +63,8 @@ TEST(Int8Query, ScoringIsExactInIntegersAndWithinItsBound) {
   check_scoring<2, 16, 64>(4);
   check_scoring<4, 64, 256>(5);
   check_scoring<8, 64, 64>(6);
+  check_scoring<8, 32, 256>(7);  // four 64-byte group patterns
+  check_scoring<2, 16, 256>(8);  // sixteen groups
 }
 
 TEST(Int8Query, NonFiniteQueryGroupMakesTheLogitNaN) {
@@ -70,10 +73,10 @@ TEST(Int8Query, NonFiniteQueryGroupMakesTheLogitNaN) {
   q[40] = NAN;
   kvq::detail::Int8Query<4, 32, D> q8;
   q8.set_row(0, q.data());
-  std::vector<std::uint8_t> codes(D, 3);
-  const float s[2] = {0.1f, 0.1f}, lo[2] = {0.f, 0.f};
+  std::vector<std::uint8_t> packed(D / 2, 0x33);
+  const float meta[4] = {0.1f, 0.f, 0.1f, 0.f};
   float logit = 0.f;
-  q8.score(codes.data(), s, lo, 1, &logit, 1);
+  q8.score(packed.data(), meta, 1, &logit, 1);
   EXPECT_TRUE(std::isnan(logit));
 }
 

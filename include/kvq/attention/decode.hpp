@@ -88,18 +88,13 @@ struct QuantizedTileSource {
       });
     } else {
       constexpr int NK = D / P.key.group;
-      alignas(64) std::uint8_t codes[D];
-      float scale[NK], lo[NK];
+      float meta[2 * NK];  // {scale, lo} per group
       for (int j = 0; j < n; ++j) {
         const auto [page, slot] = locate(t0 + j);
-        unpack_codes_slabs<P.key.bits, D>(reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(page, head, slot)),
-                                          codes);
-        const auto* meta = key_meta(page, slot);
-        for (int g = 0; g < NK; ++g) {
-          scale[g] = MetaTraits<P.key.meta>::decode(meta[2 * g]);
-          lo[g] = MetaTraits<P.key.meta>::decode(meta[2 * g + 1]);
-        }
-        q8->score(codes, scale, lo, rows, &s[0][j], kTokensPerBlock);
+        const auto* stored = key_meta(page, slot);
+        for (int i = 0; i < 2 * NK; ++i) meta[i] = MetaTraits<P.key.meta>::decode(stored[i]);
+        q8->score(reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(page, head, slot)), meta, rows, &s[0][j],
+                  kTokensPerBlock);
       }
     }
   }

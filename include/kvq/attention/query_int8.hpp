@@ -14,7 +14,8 @@
 // query, which then doubles their error.
 //
 // Codes are unpacked to one byte each in the slab order of decode.hpp
-// (slab_position), so each 4-byte lane belongs to one group (group/(8/bits) ≥ 4 bytes).
+// (slab_position), so each 4-byte lane belongs to one group (group·bits/8 ≥ 4 bytes).
+// Needs head_dim a multiple of 64 (every kvq preset).
 #pragma once
 
 #include <algorithm>
@@ -54,99 +55,172 @@ KVQ_FORCE_INLINE void unpack_codes_slabs(const std::uint8_t* KVQ_RESTRICT codes,
 }
 
 // The int8 query rows of one pass and the per-lane factors that turn lane sums into logits.
+//
+// Lanes fold: lane L of the slab-ordered row and lane L + kAccLanes belong to the same
+// group, so the integer sums of all D/4 lanes are accumulated into kAccLanes lanes
+// (16, or one 64-byte chunk per distinct group pattern when a slab is longer) and only
+// those are scaled:
+//   logit = Σ_{L<kAccLanes} isum_L·σ_L·s_L + lo_L·Σq'_L
+// where σ_L, s_L, lo_L are those of lane L's group and Σq'_L is the group's fp32 sum of
+// q' divided by the number of accumulator lanes of that group.
 template <int Bits, int G, int D>
 struct Int8Query {
-  static constexpr int kGroups = D / G, kLanes = D / 4;
-  static_assert(G * Bits / 8 >= 4, "kvq: an int8 lane must not straddle two key groups");
-  alignas(64) std::int8_t q8[kMaxRowsPerPass][D];         // slab order
-  alignas(64) float lane_scale[kMaxRowsPerPass][kLanes];  // σ_g of each lane's group
-  float group_sum[kMaxRowsPerPass][kGroups];              // Σ_{i∈g} q'_i (fp32)
+  static constexpr int kGroups = D / G;
+  static constexpr int kSlabBytes = D * Bits / 8, kGroupBytes = G * Bits / 8;
+  static constexpr int kAccLanes = 16 * (kSlabBytes > 64 ? kSlabBytes / 64 : 1);
+  static_assert(kGroupBytes >= 4, "kvq: an int8 lane must not straddle two key groups");
+  static_assert(D % 64 == 0 && kGroups <= 16, "kvq: int8 key scoring needs head_dim a multiple of 64");
+
+  alignas(64) std::int8_t q8[kMaxRowsPerPass][D];          // slab order
+  alignas(64) float sigma[kMaxRowsPerPass][kAccLanes];     // σ of each lane's group
+  alignas(64) float group_sum[kMaxRowsPerPass][kAccLanes]; // Σq' of the group / its lane count
+
+  static constexpr int group_of_lane(int lane) { return lane_group<Bits, G, D>(lane); }
+  static constexpr int lanes_of_group(int g) {
+    int n = 0;
+    for (int lane = 0; lane < kAccLanes; ++lane) n += group_of_lane(lane) == g;
+    return n;
+  }
 
   // Quantizes row r from q' [D] (natural order, already × τ). A non-finite group makes
   // its lanes' factor NaN, so every logit of the row is NaN, as in the fp32 path.
   void set_row(int r, const float* q) {
+    float sig[kGroups], sum[kGroups];
     for (int g = 0; g < kGroups; ++g) {
-      float amax = 0.f, sum = 0.f;
+      float amax = 0.f, total = 0.f;
       bool finite = true;
       for (int i = g * G; i < (g + 1) * G; ++i) {
         finite = finite && std::isfinite(q[i]);
         amax = std::max(amax, std::abs(q[i]));
-        sum += q[i];
+        total += q[i];
       }
-      const float sigma = !finite ? __builtin_nanf("") : amax / 127.f;
+      sig[g] = !finite ? __builtin_nanf("") : amax / 127.f;
+      sum[g] = total;
       const float inv = amax > 0.f && finite ? 127.f / amax : 0.f;
       for (int i = g * G; i < (g + 1) * G; ++i)
         q8[r][slab_position<Bits, D>(i)] = std::int8_t(finite ? std::nearbyint(q[i] * inv) : 0.f);
-      group_sum[r][g] = sum;
-      for (int lane = 0; lane < kLanes; ++lane)
-        if (lane_group<Bits, G, D>(lane) == g) lane_scale[r][lane] = sigma;
+    }
+    for (int lane = 0; lane < kAccLanes; ++lane) {
+      const int g = group_of_lane(lane);
+      sigma[r][lane] = sig[g];
+      group_sum[r][lane] = sum[g] / float(lanes_of_group(g));
     }
   }
 
-  // logits[r·stride] for r < rows of one token: codes [D] one per byte (slab order),
-  // s/lo its group scales and minima.
-  void score(const std::uint8_t* KVQ_RESTRICT codes, const float* s, const float* lo, int rows,
-             float* KVQ_RESTRICT logits, int stride) const {
-    alignas(64) float s_lane[kLanes];
-    for (int lane = 0; lane < kLanes; ++lane) s_lane[lane] = s[lane_group<Bits, G, D>(lane)];
-    for (int r = 0; r < rows; ++r) {
-      float logit = dot_lanes(codes, r, s_lane);
-      for (int g = 0; g < kGroups; ++g) logit += lo[g] * group_sum[r][g];
-      logits[r * stride] = logit;
+  // logits[r·stride] for r < rows of one token. codes: the packed row [D·Bits/8];
+  // meta: its decoded {scale, lo} pairs [2·kGroups].
+  void score(const std::uint8_t* KVQ_RESTRICT codes, const float* meta, int rows, float* KVQ_RESTRICT logits,
+             int stride) const {
+    alignas(64) float s_lane[kAccLanes], lo_lane[kAccLanes];
+    for (int lane = 0; lane < kAccLanes; ++lane) {
+      s_lane[lane] = meta[2 * group_of_lane(lane)];
+      lo_lane[lane] = meta[2 * group_of_lane(lane) + 1];
     }
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(__CUDACC__)
+    score_vnni(codes, s_lane, lo_lane, rows, logits, stride);
+#else
+    alignas(64) std::uint8_t unpacked[D];
+    unpack_codes_slabs<Bits, D>(codes, unpacked);
+    for (int r = 0; r < rows; ++r) logits[r * stride] = score_row(unpacked, r, s_lane, lo_lane);
+#endif
   }
 
  private:
-#if (defined(__AVX512VNNI__) || defined(__AVX2__)) && !defined(__CUDACC__)
-  static KVQ_FORCE_INLINE float sum_lanes_avx(__m256 f) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(__CUDACC__)
+  // Chunk z (64 bytes) of the slab-ordered codes, unpacked in registers.
+  static KVQ_FORCE_INLINE __m512i code_chunk(const std::uint8_t* codes, int z) {
+    const __m512i mask = _mm512_set1_epi8(char((1u << Bits) - 1u));
+    if constexpr (Bits == 8) {
+      return _mm512_loadu_si512(codes + 64 * z);
+    } else if constexpr (kSlabBytes >= 64) {
+      const int k = 64 * z / kSlabBytes, j0 = 64 * z % kSlabBytes;
+      return _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(codes + j0), unsigned(k * Bits)), mask);
+    } else if constexpr (kSlabBytes == 32) {  // two slabs per chunk
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+      const __m256i m = _mm256_set1_epi8(char((1u << Bits) - 1u));
+      const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(x, unsigned(2 * z * Bits)), m);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, unsigned((2 * z + 1) * Bits)), m);
+      // Masked inserts with an explicit source: the plain ones (and the casts and zext
+      // built on them) use _mm512_undefined_*, which GCC 12 reports as
+      // maybe-uninitialized under -Wall.
+      const __m512i zero = _mm512_setzero_si512();
+      const __m512i low = _mm512_mask_inserti64x4(zero, 0xFF, zero, lo, 0);
+      return _mm512_mask_inserti64x4(low, 0xFF, low, hi, 1);
+    } else {  // 16-byte slabs: four per chunk
+      static_assert(kSlabBytes == 16);
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+      const __m128i m = _mm_set1_epi8(char((1u << Bits) - 1u));
+      auto slab = [&](int k) { return _mm_and_si128(_mm_srli_epi16(x, unsigned((4 * z + k) * Bits)), m); };
+      __m512i out = _mm512_setzero_si512();  // the insert positions must be immediates
+      out = _mm512_mask_inserti32x4(out, 0xFFFF, out, slab(0), 0);
+      out = _mm512_mask_inserti32x4(out, 0xFFFF, out, slab(1), 1);
+      out = _mm512_mask_inserti32x4(out, 0xFFFF, out, slab(2), 2);
+      return _mm512_mask_inserti32x4(out, 0xFFFF, out, slab(3), 3);
+    }
   }
-#endif
 
-  // Σ_lane float(Σ_{4 bytes} c·q8)·σ_lane·s_lane for row r.
-  KVQ_FORCE_INLINE float dot_lanes(const std::uint8_t* KVQ_RESTRICT c, int r, const float* s_lane) const {
-#if defined(__AVX512VNNI__) && defined(__AVX512F__) && !defined(__CUDACC__)
-    if constexpr (D % 64 == 0) {
+  KVQ_FORCE_INLINE void score_vnni(const std::uint8_t* codes, const float* s_lane, const float* lo_lane, int rows,
+                                   float* logits, int stride) const {
+    constexpr int kChunks = D / 64, kAcc = kAccLanes / 16;
+    __m512i c[kChunks];
+    KVQ_UNROLL for (int z = 0; z < kChunks; ++z) c[z] = code_chunk(codes, z);
+    __m512 s_vec[kAcc], lo_vec[kAcc];
+    KVQ_UNROLL for (int a = 0; a < kAcc; ++a) {
+      s_vec[a] = _mm512_loadu_ps(s_lane + 16 * a);
+      lo_vec[a] = _mm512_loadu_ps(lo_lane + 16 * a);
+    }
+    for (int r = 0; r < rows; ++r) {
+      __m512i acc[kAcc];
+      KVQ_UNROLL for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_setzero_si512();
+      KVQ_UNROLL for (int z = 0; z < kChunks; ++z)
+        acc[z % kAcc] = _mm512_dpbusd_epi32(acc[z % kAcc], c[z], _mm512_loadu_si512(q8[r] + 64 * z));
       __m512 f = _mm512_setzero_ps();
-      for (int z = 0; z < D / 64; ++z) {
-        const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(c + 64 * z),
-                                                 _mm512_loadu_si512(q8[r] + 64 * z));
-        const __m512 factor = _mm512_mul_ps(_mm512_loadu_ps(lane_scale[r] + 16 * z), _mm512_loadu_ps(s_lane + 16 * z));
-        // Masked forms with an explicit source: the plain ones use _mm512_undefined_*,
-        // which GCC 12 reports as maybe-uninitialized under -Wall.
-        f = _mm512_fmadd_ps(_mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, isum), factor, f);
+      KVQ_UNROLL for (int a = 0; a < kAcc; ++a) {
+        // Masked forms with an explicit source throughout (see code_chunk).
+        const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, acc[a]);
+        f = _mm512_fmadd_ps(isum, _mm512_mul_ps(_mm512_loadu_ps(sigma[r] + 16 * a), s_vec[a]), f);
+        f = _mm512_fmadd_ps(lo_vec[a], _mm512_loadu_ps(group_sum[r] + 16 * a), f);
       }
       const __m512d fd = _mm512_castps_pd(f);
-      const __m256 half = _mm256_add_ps(_mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, fd, 0)),
-                                        _mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, fd, 1)));
-      return sum_lanes_avx(half);
+      __m256 h = _mm256_add_ps(_mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, fd, 0)),
+                               _mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, fd, 1)));
+      __m128 x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+      x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+      x = _mm_add_ss(x, _mm_movehdup_ps(x));
+      logits[r * stride] = _mm_cvtss_f32(x);
     }
-#endif
+  }
+#else
+  // One row from codes unpacked one per byte; AVX2 sums 32 bytes per step
+  // (vpmaddubsw: 15·127·2 fits int16 for codes ≤ 4 bits), plain loops otherwise.
+  KVQ_FORCE_INLINE float score_row(const std::uint8_t* KVQ_RESTRICT c, int r, const float* s_lane,
+                                   const float* lo_lane) const {
+    alignas(64) std::int32_t isum[kAccLanes] = {};
 #if defined(__AVX2__) && !defined(__CUDACC__)
-    if constexpr (D % 32 == 0 && Bits <= 4) {  // 15·127·2 fits int16: no saturation
+    if constexpr (Bits <= 4) {
       const __m256i ones = _mm256_set1_epi16(1);
-      __m256 f = _mm256_setzero_ps();
       for (int z = 0; z < D / 32; ++z) {
         const __m256i pairs = _mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32 * z)),
                                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * z)));
-        const __m256i isum = _mm256_madd_epi16(pairs, ones);
-        const __m256 factor = _mm256_mul_ps(_mm256_loadu_ps(lane_scale[r] + 8 * z), _mm256_loadu_ps(s_lane + 8 * z));
-        f = _mm256_add_ps(f, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), factor));
+        std::int32_t* dst = isum + (8 * z) % kAccLanes;
+        const __m256i prev = _mm256_load_si256(reinterpret_cast<const __m256i*>(dst));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(dst), _mm256_add_epi32(prev, _mm256_madd_epi16(pairs, ones)));
       }
-      return sum_lanes_avx(f);
-    }
+    } else
 #endif
-    float f = 0.f;
-    for (int lane = 0; lane < kLanes; ++lane) {
-      std::int32_t isum = 0;
-      for (int b = 0; b < 4; ++b) isum += std::int32_t(c[4 * lane + b]) * std::int32_t(q8[r][4 * lane + b]);
-      f += float(isum) * (lane_scale[r][lane] * s_lane[lane]);
+    {
+      for (int lane = 0; lane < D / 4; ++lane) {
+        std::int32_t s = 0;
+        for (int b = 0; b < 4; ++b) s += std::int32_t(c[4 * lane + b]) * std::int32_t(q8[r][4 * lane + b]);
+        isum[lane % kAccLanes] += s;
+      }
     }
-    return f;
+    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int lane = 0; lane < kAccLanes; ++lane)
+      f[lane % 8] += float(isum[lane]) * (sigma[r][lane] * s_lane[lane]) + lo_lane[lane] * group_sum[r][lane];
+    return ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
   }
+#endif
 };
 
 }  // namespace kvq::detail
