@@ -38,6 +38,7 @@ using smollm2::RowMat;
 
 struct CacheArgs {
   int sink = 64, recent = 256, flush = 16, page = 16, block = 64;
+  bool int8_keys = false;
   kvq::HostCacheOptions options() const {
     kvq::HostCacheOptions o;
     o.sink_tokens = sink;
@@ -45,6 +46,7 @@ struct CacheArgs {
     o.flush_block = flush;
     o.page_size = page;
     o.max_query_tokens = block;
+    o.key_scoring = int8_keys ? kvq::KeyScoring::int8_query : kvq::KeyScoring::fp32_tiles;
     return o;
   }
 };
@@ -530,6 +532,8 @@ int main(int argc, char** argv) {
   app.add_option("--flush-block", ca.flush, "tokens quantized at a time when leaving the recent window")->check(CLI::PositiveNumber);
   app.add_option("--page-size", ca.page, "tokens per quantized page")->check(CLI::PositiveNumber);
   app.add_option("--block", ca.block, "tokens per forward step (append, then attend as the last block)")->check(CLI::Range(1, 512));
+  app.add_flag("--int8-keys", ca.int8_keys,
+               "score quantized keys with integer dot products on an int8 query (kvq::KeyScoring::int8_query)");
 
   EvalArgs ea;
   auto* eval = app.add_subcommand("eval", "perplexity, KL vs fp32 and top-1 agreement for a list of policies");

@@ -38,6 +38,7 @@ struct HostCacheOptions {
   int page_size = 16;
   float sm_scale = 0.f;     // 0 → 1/√head_dim
   int max_query_tokens = 64;  // largest n_q passed to attend(); sizes its scratch
+  KeyScoring key_scoring = KeyScoring::fp32_tiles;  // how the quantized part scores keys
 };
 
 // Owned run-time rotation/centering parameters of one layer (DESIGN §3). Empty
@@ -171,7 +172,7 @@ class HostKVCache final : public KVCache {
       const std::int32_t offset = total - n_q - sink_.len;
       DecodeParams<float, float> p{q, q_indptr, hq, &offset, tau, false, part_out_.data(), part_lse_.data()};
       throw_if_error(decode_attention<P>(ConstPagedCacheView<P>(pool_.data.get(), num_pages(), layout_), table(), p,
-                                         params_.view()));
+                                         params_.view(), {opt_.key_scoring}));
       merge_states(out, lse_acc, part_out_.data(), part_lse_.data(), rows, D, out, lse_acc);
     }
     detail::attend_window<D>(recent_, sink_.len + quantized_len_, total, q, n_q, hkv, hq, tau, part_out_.data(),
