@@ -195,6 +195,14 @@ TEST(DecodeAttention, NaNInTheCachePropagatesVisibly) {
   std::vector<float> out(128, kPoison), lse(1);
   ASSERT_TRUE(kvq::decode_attention<P>(c.const_cache(), c.table(), c.decode_params(out.data(), lse.data())).ok());
   for (float x : out) EXPECT_TRUE(std::isnan(x));
+  // The NaN key alone in the last 32-token block of the pass.
+  auto last = make_paged_case<P>(72, 16, 1, 1, {33}, {1});
+  last.k[32 * 128 + 3] = NAN;
+  ASSERT_TRUE(last.append_all(72).ok());
+  std::fill(out.begin(), out.end(), kPoison);
+  ASSERT_TRUE(kvq::decode_attention<P>(last.const_cache(), last.table(), last.decode_params(out.data(), lse.data())).ok());
+  for (float x : out) EXPECT_TRUE(std::isnan(x));
+  EXPECT_TRUE(std::isnan(lse[0]));
 }
 
 // A NaN value group reaches only the rows that give its token a nonzero weight: the

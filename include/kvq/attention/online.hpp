@@ -50,7 +50,12 @@ void attend_part(int length, int rows, const int* row_limit, float* acc, float* 
       float* sr = s[r];
       for (int j = std::max(0, row_limit[r] - t0 + 1); j < n; ++j) sr[j] = neg_inf_f();
       float block_max = neg_inf_f();
-      for (int j = 0; j < n; ++j) block_max = std::max(block_max, sr[j]);
+      bool nan = false;  // a NaN logit must poison the row even when it is the block's only visible one
+      for (int j = 0; j < n; ++j) {
+        block_max = std::max(block_max, sr[j]);
+        nan = nan || sr[j] != sr[j];
+      }
+      if (nan) block_max = __builtin_nanf("");
       if (block_max == neg_inf_f()) {  // nothing visible in this block for row r
         std::fill(sr, sr + n, 0.f);
         continue;
