@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kvq/attention/online.hpp"
 #include "kvq/attention/params.hpp"
@@ -144,7 +145,10 @@ void decode_quantized(const ConstPagedCacheView<P>& cache, const PageTableView& 
 
   alignas(64) float qrot[D];
   alignas(64) float q_slabs[S == KeyScoring::fp32_tiles ? kRows * D : 1];  // τ·q' in the key slab order
-  Int8Query<P.key.bits, P.key.group, D> q8;
+  struct Unused {};
+  std::conditional_t<S == KeyScoring::int8_query, Int8Query<P.key.bits, P.key.group, D>, Unused> q8;
+  const Int8Query<P.key.bits, P.key.group, D>* q8_rows = nullptr;
+  if constexpr (S == KeyScoring::int8_query) q8_rows = &q8;
   float shift[kRows];
   int limit[kRows];
   alignas(64) float acc[kRows * D];  // in the value slab order
@@ -176,7 +180,7 @@ void decode_quantized(const ConstPagedCacheView<P>& cache, const PageTableView& 
           const long long lim = static_cast<long long>(i) + offset;
           limit[rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
         }
-        QuantizedTileSource<P, S> source{cache, table, b, h, rows, q_slabs, &q8};
+        QuantizedTileSource<P, S> source{cache, table, b, h, rows, q_slabs, q8_rows};
         attend_part<D>(len, rows, limit, acc, m, l, source);
         // Normalize, return to the original basis, write.
         for (int rr = 0; rr < rows; ++rr) {

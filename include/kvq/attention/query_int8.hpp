@@ -13,8 +13,8 @@
 // cache's own (tests/attention/test_query_int8.cpp); 8-bit keys are as fine as the int8
 // query, which then doubles their error.
 //
-// Codes are unpacked to one byte each in the slab order of decode.hpp
-// (slab_position), so each 4-byte lane belongs to one group (group·bits/8 ≥ 4 bytes).
+// Codes are unpacked to one byte each in slab order (slab_position), so each 4-byte
+// lane belongs to one group (group·bits/8 ≥ 4 bytes).
 // Needs head_dim a multiple of 64 (every kvq preset).
 #pragma once
 
@@ -31,7 +31,9 @@
 
 namespace kvq::detail {
 
-// Slab order of b-bit codes: slab k holds bit field k of every byte (see decode.hpp).
+// Slab order, the element order of the CPU decode: slab k holds bit field k of every
+// packed byte, so unpacking is one contiguous pass per slab and vectorizes. Element i
+// sits at slab_position(i); queries (keys) and accumulators (values) follow it.
 template <int Bits, int D>
 constexpr int slab_position(int i) {
   constexpr int per_byte = 8 / Bits;
