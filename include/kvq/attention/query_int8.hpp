@@ -19,6 +19,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 
@@ -38,13 +39,6 @@ template <int Bits, int D>
 constexpr int slab_position(int i) {
   constexpr int per_byte = 8 / Bits;
   return (i % per_byte) * (D / per_byte) + i / per_byte;
-}
-
-// Group of the 4-byte lane `lane` of a slab-ordered row.
-template <int Bits, int G, int D>
-constexpr int lane_group(int lane) {
-  constexpr int bytes = D * Bits / 8, group_bytes = G * Bits / 8;
-  return ((4 * lane) % bytes) / group_bytes;
 }
 
 // One packed b-bit row → one code per byte, slab order.
@@ -77,12 +71,18 @@ struct Int8Query {
   alignas(64) float sigma[kMaxRowsPerPass][kAccLanes];     // σ of each lane's group
   alignas(64) float group_sum[kMaxRowsPerPass][kAccLanes]; // Σq' of the group / its lane count
 
-  static constexpr int group_of_lane(int lane) { return lane_group<Bits, G, D>(lane); }
-  static constexpr int lanes_of_group(int g) {
-    int n = 0;
-    for (int lane = 0; lane < kAccLanes; ++lane) n += group_of_lane(lane) == g;
+  // Group of each accumulator lane (lane L covers slab-order bytes 4L..4L+3 mod the
+  // slab), and how many lanes each group has.
+  static constexpr std::array<int, kAccLanes> kLaneGroup = [] {
+    std::array<int, kAccLanes> g{};
+    for (int lane = 0; lane < kAccLanes; ++lane) g[lane] = ((4 * lane) % kSlabBytes) / kGroupBytes;
+    return g;
+  }();
+  static constexpr std::array<int, kGroups> kGroupLanes = [] {
+    std::array<int, kGroups> n{};
+    for (int lane = 0; lane < kAccLanes; ++lane) ++n[kLaneGroup[lane]];
     return n;
-  }
+  }();
 
   // Quantizes row r from q' [D] (natural order, already × τ). A non-finite group makes
   // its lanes' factor NaN, so every logit of the row is NaN, as in the fp32 path.
@@ -103,9 +103,9 @@ struct Int8Query {
         q8[r][slab_position<Bits, D>(i)] = std::int8_t(finite ? std::nearbyint(q[i] * inv) : 0.f);
     }
     for (int lane = 0; lane < kAccLanes; ++lane) {
-      const int g = group_of_lane(lane);
+      const int g = kLaneGroup[lane];
       sigma[r][lane] = sig[g];
-      group_sum[r][lane] = sum[g] / float(lanes_of_group(g));
+      group_sum[r][lane] = sum[g] / float(kGroupLanes[g]);
     }
   }
 
@@ -115,8 +115,8 @@ struct Int8Query {
              int stride) const {
     alignas(64) float s_lane[kAccLanes], lo_lane[kAccLanes];
     for (int lane = 0; lane < kAccLanes; ++lane) {
-      s_lane[lane] = meta[2 * group_of_lane(lane)];
-      lo_lane[lane] = meta[2 * group_of_lane(lane) + 1];
+      s_lane[lane] = meta[2 * kLaneGroup[lane]];
+      lo_lane[lane] = meta[2 * kLaneGroup[lane] + 1];
     }
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(__CUDACC__)
     score_vnni(codes, s_lane, lo_lane, rows, logits, stride);

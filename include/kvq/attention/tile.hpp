@@ -40,6 +40,9 @@ inline constexpr int kNativeFloatLanes = 8;
 inline constexpr int kNativeFloatLanes = 4;
 #endif
 
+// KVQ_UNROLL (config.hpp) fully unrolls the register blocks below, so they stay in
+// registers.
+
 // Widest native vector that divides D (D is a multiple of 4 wherever this is used).
 constexpr int lanes_for(int d) {
   int w = kNativeFloatLanes;
@@ -47,7 +50,7 @@ constexpr int lanes_for(int d) {
   return w;
 }
 
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if KVQ_GNU_HOST
 template <int W>
 struct FloatVecType;
 template <>
@@ -83,13 +86,6 @@ struct FloatVec {
 };
 #endif
 
-// Full unrolling keeps the register blocks of the products below in registers.
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-#define KVQ_UNROLL _Pragma("GCC unroll 16")
-#else
-#define KVQ_UNROLL
-#endif
-
 template <int W>
 KVQ_FORCE_INLINE FloatVec<W> load_vec(const float* p) {
   FloatVec<W> v;
@@ -113,7 +109,7 @@ KVQ_FORCE_INLINE FloatVec<W> zero_vec() {
 // address taken, so the accumulators stay in registers.
 template <int W>
 KVQ_FORCE_INLINE float sum_lanes(FloatVec<W> v) {
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if KVQ_GNU_HOST
   if constexpr (W == 16) {
     return sum_lanes<8>(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
                         __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));

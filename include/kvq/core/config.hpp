@@ -31,6 +31,16 @@
 #define KVQ_RESTRICT
 #endif
 
+// Host code compiled by GCC or Clang (not nvcc's passes): the CPU paths may use vector
+// extensions and unroll pragmas there, and plain loops elsewhere.
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define KVQ_GNU_HOST 1
+#define KVQ_UNROLL _Pragma("GCC unroll 16")
+#else
+#define KVQ_GNU_HOST 0
+#define KVQ_UNROLL
+#endif
+
 #if !KVQ_DEVICE_CODE
 #include <cmath>
 #endif
