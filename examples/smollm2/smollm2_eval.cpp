@@ -24,7 +24,10 @@
 #include <map>
 #include <sstream>
 
+#include "cache_config.hpp"
 #include "common.hpp"
+#include "generate.hpp"
+#include "kvq/calib/activation_file.hpp"
 #include "kvq/calib/artifact.hpp"
 #include "kvq/io/gguf.hpp"
 #include "kvq/io/safetensors.hpp"
@@ -33,111 +36,7 @@
 
 namespace {
 
-using smollm2::Model;
-using smollm2::RowMat;
-
-struct CacheArgs {
-  int sink = 64, recent = 256, flush = 16, page = 16, block = 64;
-  bool int8_keys = false;
-  kvq::HostCacheOptions options() const {
-    kvq::HostCacheOptions o;
-    o.sink_tokens = sink;
-    o.recent_tokens = recent;
-    o.flush_block = flush;
-    o.page_size = page;
-    o.max_query_tokens = block;
-    o.key_scoring = int8_keys ? kvq::KeyScoring::int8_query : kvq::KeyScoring::fp32_tiles;
-    return o;
-  }
-};
-
-std::vector<std::string> split_csv(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-// Bits per cached element of the quantized part, metadata included (fp32 → 32).
-double policy_bits(const std::string& name, int head_dim) {
-  for (const auto& p : kvq::presets::all)
-    if (p.name == name) return p.policy.with_head_dim(head_dim).bits_per_element();
-  return 32.0;
-}
-
-bool policy_centers_keys(const std::string& name) {
-  for (const auto& p : kvq::presets::all)
-    if (p.name == name) return p.policy.key.centered && p.policy.key.rotation != kvq::Rotation::dense;
-  return false;
-}
-
-bool policy_needs_artifact(const std::string& name) {
-  for (const auto& p : kvq::presets::all)
-    if (p.name == name) return p.policy.key.rotation == kvq::Rotation::dense || p.policy.value.rotation == kvq::Rotation::dense;
-  return false;
-}
-
-// Per-layer run-time parameters of a learned-rotation preset from an OptR artifact
-// (kvq_calib optr); every model layer must be in it and the policy must match.
-std::vector<kvq::LayerParams> artifact_params(const std::string& path, const std::string& policy, int n_layers,
-                                              int head_dim) {
-  if (path.empty())
-    throw kvq::Error(kvq::StatusCode::invalid_argument,
-                     "policy " + policy + " uses learned rotations: pass --artifact (from kvq_calib optr)");
-  const auto art = kvq::calib::read_artifact(std::filesystem::path(path));
-  std::vector<kvq::LayerParams> out;
-  kvq::throw_if_error(kvq::dispatch_head_dim<64, 128>(head_dim, [&]<int D>() {
-    kvq::throw_if_error(kvq::dispatch_preset<D>(policy, [&]<kvq::Policy P>() {
-      for (int l = 0; l < n_layers; ++l) out.push_back(kvq::calib::layer_params<P>(art, l));
-    }));
-  }));
-  return out;
-}
-
-// Runs `tokens` through fresh caches block by block; logits [n, vocab] if wanted.
-void run_sequence(const Model& m, const std::vector<int>& tokens, std::vector<std::unique_ptr<kvq::KVCache>>& caches,
-                  int block, RowMat* logits, smollm2::Capture* cap = nullptr) {
-  for (auto& c : caches) c->clear();
-  const int n = static_cast<int>(tokens.size());
-  if (logits) logits->resize(n, m.cfg.vocab);
-  RowMat part;
-  for (int p = 0; p < n; p += block) {
-    const int nb = std::min(block, n - p);
-    m.forward(tokens.data() + p, nb, p, caches, logits ? &part : nullptr, cap);
-    if (logits) logits->middleRows(p, nb) = part;
-  }
-}
-
-// Per-layer key means [Hkv·d] over `tokens` (fp32 cache), for key-centering presets.
-std::vector<kvq::LayerParams> key_means(const Model& m, const std::vector<int>& tokens, int ctx, const CacheArgs& ca) {
-  smollm2::Capture cap;
-  cap.layers.assign(m.cfg.n_layers, true);
-  cap.q.resize(m.cfg.n_layers);
-  cap.k.resize(m.cfg.n_layers);
-  cap.v.resize(m.cfg.n_layers);
-  auto caches = m.make_caches("fp32", ca.options());
-  const int kvd = m.cfg.n_kv_heads * m.cfg.head_dim;
-  std::vector<std::vector<double>> sum(m.cfg.n_layers, std::vector<double>(kvd, 0.0));
-  std::size_t count = 0;
-  for (std::size_t s = 0; s + 1 < tokens.size(); s += ctx) {
-    std::vector<int> seq(tokens.begin() + s, tokens.begin() + std::min(tokens.size(), s + ctx));
-    for (auto& k : cap.k) k.clear();
-    for (auto& q : cap.q) q.clear(), q.shrink_to_fit();
-    for (auto& v : cap.v) v.clear(), v.shrink_to_fit();
-    run_sequence(m, seq, caches, ca.block, nullptr, &cap);
-    for (int l = 0; l < m.cfg.n_layers; ++l)
-      for (std::size_t i = 0; i < cap.k[l].size(); ++i) sum[l][i % kvd] += cap.k[l][i];
-    count += seq.size();
-  }
-  std::vector<kvq::LayerParams> params(m.cfg.n_layers);
-  for (int l = 0; l < m.cfg.n_layers; ++l) {
-    params[l].key_mean.resize(kvd);
-    for (int i = 0; i < kvd; ++i) params[l].key_mean[i] = static_cast<float>(sum[l][i] / double(count));
-  }
-  return params;
-}
+using namespace smollm2;
 
 struct Loaded {
   kvq::io::GGUFFile file;
@@ -153,23 +52,6 @@ std::unique_ptr<Loaded> load(const std::string& path_arg) {
   auto m = Model::load(f);
   smollm2::Tokenizer t(f);
   return std::unique_ptr<Loaded>(new Loaded{std::move(f), std::move(m), std::move(t)});
-}
-
-// Tokens of the longest prefix of `text` that yields at least `want` tokens, cutting only
-// after a newline followed by a non-space character (no pre-token crosses such a cut,
-// so the ids equal those of encoding the whole text).
-std::vector<int> encode_prefix(const smollm2::Tokenizer& tok, const std::string& text, std::size_t want) {
-  std::vector<int> out;
-  std::size_t pos = 0;
-  while (pos < text.size() && out.size() < want) {
-    std::size_t cut = pos + 65536;
-    while (cut < text.size() && !(text[cut - 1] == '\n' && !std::isspace(static_cast<unsigned char>(text[cut])))) ++cut;
-    cut = std::min(cut, text.size());
-    const auto ids = tok.encode(std::string_view(text).substr(pos, cut - pos));
-    out.insert(out.end(), ids.begin(), ids.end());
-    pos = cut;
-  }
-  return out;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -194,32 +76,6 @@ struct Run {
   double bits = 32;                      // mean bits/element over layers
   bool is_fp() const { return label == "fp32"; }
 };
-
-// Per-layer policies of a `kvq_calib allocate` table (header, then `layer,policy,...`).
-std::vector<std::string> read_layer_table(const std::string& path, int n_layers) {
-  std::ifstream is(path);
-  if (!is) throw kvq::Error(kvq::StatusCode::io_error, "cannot read layer table '" + path + "'");
-  std::vector<std::string> out(n_layers);
-  std::string line;
-  std::getline(is, line);  // header
-  while (std::getline(is, line)) {
-    if (line.empty()) continue;
-    const auto f = split_csv(line);
-    int layer = -1;
-    try {
-      layer = f.size() >= 2 ? std::stoi(f[0]) : -1;
-    } catch (const std::exception&) {
-    }
-    if (layer < 0 || layer >= n_layers || !out[layer].empty())
-      throw kvq::Error(kvq::StatusCode::invalid_argument, "layer table '" + path + "': bad or repeated row '" + line + "'");
-    out[layer] = f[1];
-  }
-  for (int l = 0; l < n_layers; ++l)
-    if (out[l].empty())
-      throw kvq::Error(kvq::StatusCode::invalid_argument,
-                       fmt::format("layer table '{}' has no row for layer {} (it must cover all {} layers)", path, l, n_layers));
-  return out;
-}
 
 int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& ca) {
   auto L = load(model_path);
@@ -246,6 +102,7 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
   for (const auto& entry : split_csv(a.policies)) {
     if (entry == "fp32") continue;
     const auto at = entry.find('@');
+    require_policy_name(entry.substr(0, at));
     add_run(entry, std::vector<std::string>(n_layers, entry.substr(0, at)), at == std::string::npos ? "" : entry.substr(at + 1));
   }
   for (const auto& path : a.layer_policies)
@@ -253,40 +110,16 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
 
   // Key means for centering presets: from the tokens that follow the evaluated ones.
   std::vector<kvq::LayerParams> means;
-  const bool any_centered = std::any_of(runs.begin(), runs.end(), [](const Run& r) {
-    return std::any_of(r.policy.begin(), r.policy.end(), policy_centers_keys);
-  });
-  if (any_centered) {
+  if (std::any_of(runs.begin(), runs.end(), [](const Run& r) { return any_centers_keys(r.policy); })) {
     const int n = std::min<int>(a.calib_tokens, static_cast<int>(all.size()) - a.tokens);
+    if (n < 1) throw kvq::Error(kvq::StatusCode::invalid_argument, "key means need tokens after the evaluated span: raise --calib-tokens or use a longer text");
     const std::vector<int> calib(all.begin() + a.tokens, all.begin() + a.tokens + n);
     fmt::print(stderr, "key means from {} tokens after the evaluated span\n", calib.size());
     means = key_means(m, calib, a.ctx, ca);
   }
   // Learned rotations: the artifact named by the run's tag, else by the policy, else the bare path.
-  std::map<std::string, std::vector<kvq::LayerParams>> learned;  // by "path|policy"
-  auto artifact_for = [&](const std::string& tag, const std::string& pol) -> const std::vector<kvq::LayerParams>& {
-    std::string path, by_policy, bare;
-    for (const auto& art : a.artifacts) {
-      const auto eq = art.find('=');
-      if (eq == std::string::npos) bare = art;
-      else if (!tag.empty() && art.substr(0, eq) == tag) path = art.substr(eq + 1);
-      else if (art.substr(0, eq) == pol) by_policy = art.substr(eq + 1);
-    }
-    if (!tag.empty() && path.empty())
-      throw kvq::Error(kvq::StatusCode::invalid_argument, "no --artifact " + tag + "=PATH for policy entry " + pol + "@" + tag);
-    if (path.empty()) path = by_policy.empty() ? bare : by_policy;
-    const std::string key = path + "|" + pol;
-    if (!learned.count(key)) learned[key] = artifact_params(path, pol, n_layers, m.cfg.head_dim);
-    return learned[key];
-  };
-  for (Run& run : runs) {
-    run.params.resize(n_layers);
-    for (int l = 0; l < n_layers; ++l) {
-      const std::string& pol = run.policy[l];
-      if (policy_needs_artifact(pol)) run.params[l] = artifact_for(run.tag, pol)[l];
-      else if (policy_centers_keys(pol)) run.params[l] = means[l];
-    }
-  }
+  Artifacts artifacts(a.artifacts, n_layers, m.cfg.head_dim);
+  for (Run& run : runs) run.params = layer_params(run.policy, run.tag, artifacts, means);
 
   struct Acc {
     double nll = 0, kl = 0, kl_far = 0;
@@ -367,39 +200,95 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
 
 // ---- generate -----------------------------------------------------------------------------
 
-int cmd_generate(const std::string& model_path, const std::string& prompt, bool chat, int n_new,
-                 const std::string& policy, const CacheArgs& ca) {
+// Which caches a single-configuration subcommand (generate) builds: one policy for every
+// layer or a per-layer table, learned rotations from artifacts, and key means for the
+// centering (_HC) layers from, in this order: --calib-text, the artifact's μ_K, or the
+// tokens the subcommand runs (the prompt) as the fallback.
+struct CacheChoice {
+  std::string policy = "fp32", layer_table, calib_text;
+  std::vector<std::string> artifacts;
+  int calib_tokens = 4096, calib_ctx = 1024;
+
+  void add_options(CLI::App* sub) {
+    sub->add_option("--policy", policy, "fp32 or a kvq preset name (K4V2, K2V2_HC, K2V2_R, ...)");
+    sub->add_option("--layer-policies", layer_table, "per-layer policy table (CSV from kvq_calib allocate) instead of --policy")
+        ->check(CLI::ExistingFile);
+    sub->add_option("--artifact", artifacts,
+                    "OptR artifact (kvq_calib optr): μ_K, R_K, R_V of learned-rotation presets, and μ_K for _HC "
+                    "presets; PATH or POLICY=PATH (repeatable)")
+        ->check([](const std::string& e) {
+          const auto eq = e.find('=');
+          const std::string path = eq == std::string::npos ? e : e.substr(eq + 1);
+          return std::filesystem::is_regular_file(path) ? std::string() : "artifact file '" + path + "' not found";
+        });
+    sub->add_option("--calib-text", calib_text, "UTF-8 text whose first --calib-tokens tokens give the key means of _HC presets")
+        ->check(CLI::ExistingFile);
+    sub->add_option("--calib-tokens", calib_tokens, "tokens of --calib-text used for key means")->check(CLI::PositiveNumber);
+  }
+
+  // Per-layer policies and parameters; `own_tokens` is the fallback for key means.
+  // Says on stderr where every parameter came from.
+  std::vector<std::unique_ptr<kvq::KVCache>> make_caches(const Loaded& L, const std::vector<int>& own_tokens,
+                                                         const CacheArgs& ca) const {
+    const Model& m = L.model;
+    const int n_layers = m.cfg.n_layers;
+    std::vector<std::string> layers;
+    if (!layer_table.empty()) {
+      layers = read_layer_table(layer_table, n_layers);
+      fmt::print(stderr, "policies: per layer from {}\n", layer_table);
+    } else {
+      require_policy_name(policy);
+      layers.assign(n_layers, policy);
+    }
+    Artifacts arts(artifacts, n_layers, m.cfg.head_dim);
+    std::vector<kvq::LayerParams> means;
+    if (any_centers_keys(layers)) {
+      std::string source;
+      if (!calib_text.empty()) {
+        const auto ids = encode_prefix(L.tok, read_text(calib_text), std::size_t(calib_tokens));
+        const std::vector<int> used(ids.begin(), ids.begin() + std::min<std::size_t>(ids.size(), calib_tokens));
+        means = key_means(m, used, calib_ctx, ca);
+        source = fmt::format("{} tokens of {}", used.size(), calib_text);
+      } else if (!arts.empty()) {
+        means = arts.key_means(&source);
+      } else {
+        means = key_means(m, own_tokens, calib_ctx, ca);
+        source = fmt::format("the prompt itself ({} tokens; --calib-text or --artifact give calibrated means)",
+                             own_tokens.size());
+      }
+      fmt::print(stderr, "key means (centered-key layers): {}\n", source);
+    }
+    for (const auto& p : layers)
+      if (policy_needs_artifact(p)) {
+        fmt::print(stderr, "learned rotations ({}): μ_K, R_K, R_V from {}\n", p, arts.path_for(p).empty() ? "?" : arts.path_for(p));
+      }
+    const auto params = layer_params(layers, "", arts, means);
+    return m.make_caches(layers, ca.options(), &params);
+  }
+};
+
+int cmd_generate(const std::string& model_path, const std::string& prompt, bool chat, int max_new,
+                 const CacheChoice& choice, const CacheArgs& ca) {
   auto L = load(model_path);
   const Model& m = L->model;
-  const std::string text =
-      chat ? "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n" : prompt;
-  std::vector<int> ids = L->tok.encode(text, /*parse_special=*/true);
+  const std::string text = chat ? chat_prompt(prompt) : prompt;
+  const std::vector<int> ids = L->tok.encode(text, /*parse_special=*/true);
   if (ids.empty()) throw kvq::Error(kvq::StatusCode::invalid_argument, "empty prompt");
-  auto caches = m.make_caches(policy, ca.options());
-  RowMat logits;
-  int pos = 0;
-  for (int p = 0; p < static_cast<int>(ids.size()); p += ca.block) {
-    const int nb = std::min<int>(ca.block, static_cast<int>(ids.size()) - p);
-    m.forward(ids.data() + p, nb, p, caches, &logits);
-    pos += nb;
-  }
-  const int im_end = [&] {
-    for (int i = 0; i < L->tok.vocab_size(); ++i)
-      if (L->tok.token(i) == "<|im_end|>") return i;
-    return -1;
-  }();
+  auto caches = choice.make_caches(*L, ids, ca);
   fmt::print("{}", text);
   std::fflush(stdout);
-  for (int i = 0; i < n_new; ++i) {
-    Eigen::Index next;
-    logits.row(logits.rows() - 1).maxCoeff(&next);
-    const int id = static_cast<int>(next);
-    if (id == L->tok.eos() || id == im_end) break;
+  const auto out = greedy_generate(m, ids, caches, max_new, ca.block, stop_ids(L->tok), [&](int id) {
     fmt::print("{}", L->tok.decode_token(id));
     std::fflush(stdout);
-    m.forward(&id, 1, pos++, caches, &logits);
-  }
+  });
   fmt::print("\n");
+  const int quantized = caches.front()->quantized_tokens();
+  fmt::print(stderr, "{} prompt + {} generated tokens; {} of them in quantized pages (fp32 sink {} + recent {}){}\n",
+             ids.size(), out.size(), quantized, ca.sink, ca.recent,
+             quantized == 0 && caches.front()->policy_name() != "fp32"
+                 ? ": the whole context fits the fp32 windows, so no token was quantized — lower --sink/--recent to "
+                   "quantize short contexts"
+                 : "");
   return 0;
 }
 
@@ -442,47 +331,45 @@ int cmd_capture(const std::string& model_path, const CaptureArgs& a, const Cache
     offsets.push_back(offsets.back() + a.seq_len);
     fmt::print(stderr, "captured sequence {}/{}\n", s + 1, a.seqs);
   }
-  kvq::io::SafetensorsWriter w;
   kvq::io::DType dt = kvq::io::DType::F32;
   if (a.dtype == "f16") dt = kvq::io::DType::F16;
   else if (a.dtype == "bf16") dt = kvq::io::DType::BF16;
   else if (a.dtype != "f32") throw kvq::Error(kvq::StatusCode::invalid_argument, "--dtype must be f32, f16 or bf16");
-  auto add = [&](const std::string& name, std::vector<std::int64_t> shape, const float* x, std::size_t n) {
-    if (dt == kvq::io::DType::F32) return w.add(name, dt, std::move(shape), x);
-    std::vector<std::uint16_t> h(n);
-    for (std::size_t i = 0; i < n; ++i) h[i] = dt == kvq::io::DType::F16 ? kvq::half_t(x[i]).bits : kvq::bfloat16_t(x[i]).bits;
-    w.add(name, dt, std::move(shape), h.data());
-  };
   const std::int64_t Ltot = offsets.back(), d = c.head_dim;
+  std::vector<kvq::calib::LayerActivations> acts;
   std::string layer_list;
   for (int l : chosen) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    add(p + "q", {Ltot, c.n_heads, d}, cap.q[l].data(), cap.q[l].size());
-    add(p + "k", {Ltot, c.n_kv_heads, d}, cap.k[l].data(), cap.k[l].size());
-    add(p + "v", {Ltot, c.n_kv_heads, d}, cap.v[l].data(), cap.v[l].size());
+    kvq::calib::LayerActivations la;
+    la.layer = l;
+    la.n_tokens = static_cast<int>(Ltot);
+    la.hq = c.n_heads;
+    la.hkv = c.n_kv_heads;
+    la.head_dim = c.head_dim;
+    la.hidden = c.hidden;
+    la.q = std::move(cap.q[l]);
+    la.k = std::move(cap.k[l]);
+    la.v = std::move(cap.v[l]);
     const RowMat& wo = m.layers[l].wo;  // [D, Hq·d]
-    add(p + "w_o", {c.hidden, c.n_heads * d}, wo.data(), static_cast<std::size_t>(wo.size()));
-    if (a.save_kv_weights) {  // [Hkv·d, D] (GGUF row order) for the norm-disparity report
-      const RowMat& wk = m.layers[l].wk;
-      const RowMat& wv = m.layers[l].wv;
-      add(p + "w_k", {c.n_kv_heads * d, c.hidden}, wk.data(), static_cast<std::size_t>(wk.size()));
-      add(p + "w_v", {c.n_kv_heads * d, c.hidden}, wv.data(), static_cast<std::size_t>(wv.size()));
-    }
+    la.w_o.assign(wo.data(), wo.data() + wo.size());
+    la.seq_offsets = offsets;
+    acts.push_back(std::move(la));
     layer_list += (layer_list.empty() ? "" : ",") + std::to_string(l);
   }
-  w.add("seq_offsets", kvq::io::DType::I64, {static_cast<std::int64_t>(offsets.size())}, offsets.data());
+  auto w = kvq::calib::activations_writer(acts, dt);
+  for (int l : chosen)
+    if (a.save_kv_weights) {  // [Hkv·d, D] (GGUF row order) for the norm-disparity report
+      const std::string p = "layers." + std::to_string(l) + ".";
+      const RowMat& wk = m.layers[l].wk;
+      const RowMat& wv = m.layers[l].wv;
+      w.add_f32(p + "w_k", {c.n_kv_heads * d, c.hidden}, {wk.data(), static_cast<std::size_t>(wk.size())}, dt);
+      w.add_f32(p + "w_v", {c.n_kv_heads * d, c.hidden}, {wv.data(), static_cast<std::size_t>(wv.size())}, dt);
+    }
   if (a.save_ids) {  // off by default: ids reproduce the text, which may not be redistributable
     std::vector<std::int32_t> ids(all.begin() + a.skip, all.begin() + a.skip + Ltot);
     w.add("token_ids", kvq::io::DType::I32, {Ltot}, ids.data());
   }
-  w.set_metadata("format", "kvq.activations.v1");
   w.set_metadata("model", "SmolLM2-135M-Instruct.Q4_1.gguf");
-  w.set_metadata("layers", layer_list);
   w.set_metadata("n_layers", std::to_string(c.n_layers));
-  w.set_metadata("num_qo_heads", std::to_string(c.n_heads));
-  w.set_metadata("num_kv_heads", std::to_string(c.n_kv_heads));
-  w.set_metadata("head_dim", std::to_string(c.head_dim));
-  w.set_metadata("hidden", std::to_string(c.hidden));
   w.set_metadata("rope_theta", fmt::format("{}", c.rope_theta));
   w.set_metadata("rope", "adjacent pairs (GGUF/NORM); K is post-RoPE as cached");
   w.set_metadata("source", fmt::format("{} tokens [{}, {}) of {}", Ltot, a.skip, a.skip + Ltot,
@@ -554,11 +441,12 @@ int main(int argc, char** argv) {
   std::string prompt, policy = "fp32";
   int n_new = 48;
   bool chat = false;
+  CacheChoice choice;
   auto* gen = app.add_subcommand("generate", "greedy generation");
   gen->add_option("--prompt", prompt, "prompt text")->required();
   gen->add_flag("--chat", chat, "wrap the prompt in the ChatML template");
   gen->add_option("-n,--max-new", n_new, "tokens to generate")->check(CLI::PositiveNumber);
-  gen->add_option("--policy", policy, "fp32 or a kvq preset name");
+  choice.add_options(gen);
 
   CaptureArgs cpa;
   auto* capc = app.add_subcommand("capture", "dump per-layer Q, K, V (post-RoPE) and W_O to safetensors (DESIGN §6 input)");
@@ -583,7 +471,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*eval) return cmd_eval(model_path, ea, ca);
-    if (*gen) return cmd_generate(model_path, prompt, chat, n_new, policy, ca);
+    if (*gen) return cmd_generate(model_path, prompt, chat, n_new, choice, ca);
     if (*capc) return cmd_capture(model_path, cpa, ca);
     if (*lg) return cmd_logits(model_path, prompt, ids_arg, out, policy, ca);
   } catch (const kvq::Error& e) {

@@ -1,6 +1,6 @@
 // kvq/calib/activation_file.hpp — reads calibration activations (DESIGN §6 input).
 //
-// Format "kvq.activations.v1" (written by examples/smollm2 --capture), safetensors:
+// Format "kvq.activations.v1" (written by activations_writer, e.g. smollm2_eval capture), safetensors:
 //   layers.<l>.q    [L, Hq, d]    queries (post-RoPE)       F32 / F16 / BF16
 //   layers.<l>.k    [L, Hkv, d]   keys (post-RoPE)
 //   layers.<l>.v    [L, Hkv, d]   values
@@ -122,8 +122,11 @@ inline std::vector<LayerActivations> read_activations(const std::filesystem::pat
   return read_activations(io::SafetensorsFile::open(path), std::move(which));
 }
 
-// Writes layers in the same format (tests and tools that synthesize inputs).
-inline io::SafetensorsWriter activations_writer(const std::vector<LayerActivations>& layers) {
+// Writes layers in the same format, Q/K/V/W_O stored as `stored` (F32, F16 or BF16), with
+// the metadata "format", "layers", "num_qo_heads", "num_kv_heads", "head_dim" and "hidden".
+// Callers (smollm2_eval capture) may add tensors and metadata before writing.
+inline io::SafetensorsWriter activations_writer(const std::vector<LayerActivations>& layers,
+                                                io::DType stored = io::DType::F32) {
   io::SafetensorsWriter w;
   if (layers.empty()) throw Error(StatusCode::invalid_argument, "activations: nothing to write");
   std::string ids;
@@ -133,10 +136,13 @@ inline io::SafetensorsWriter activations_writer(const std::vector<LayerActivatio
       throw Error(StatusCode::invalid_argument, "activations: layers must share sequence offsets");
     const std::string p = "layers." + std::to_string(a.layer) + ".";
     const std::int64_t L = a.n_tokens, d = a.head_dim;
-    w.add_f32(p + "q", {L, a.hq, d}, a.q);
-    w.add_f32(p + "k", {L, a.hkv, d}, a.k);
-    w.add_f32(p + "v", {L, a.hkv, d}, a.v);
-    w.add_f32(p + "w_o", {a.hidden, a.hq * d}, a.w_o);
+    if (a.hq != layers[0].hq || a.hkv != layers[0].hkv || a.head_dim != layers[0].head_dim ||
+        a.hidden != layers[0].hidden)
+      throw Error(StatusCode::invalid_argument, "activations: layers must share head counts, head_dim and hidden");
+    w.add_f32(p + "q", {L, a.hq, d}, a.q, stored);
+    w.add_f32(p + "k", {L, a.hkv, d}, a.k, stored);
+    w.add_f32(p + "v", {L, a.hkv, d}, a.v, stored);
+    w.add_f32(p + "w_o", {a.hidden, a.hq * d}, a.w_o, stored);
     if (!ids.empty()) ids += ',';
     ids += std::to_string(a.layer);
   }
@@ -144,6 +150,10 @@ inline io::SafetensorsWriter activations_writer(const std::vector<LayerActivatio
         layers[0].seq_offsets.data());
   w.set_metadata("format", "kvq.activations.v1");
   w.set_metadata("layers", ids);
+  w.set_metadata("num_qo_heads", std::to_string(layers[0].hq));
+  w.set_metadata("num_kv_heads", std::to_string(layers[0].hkv));
+  w.set_metadata("head_dim", std::to_string(layers[0].head_dim));
+  w.set_metadata("hidden", std::to_string(layers[0].hidden));
   return w;
 }
 

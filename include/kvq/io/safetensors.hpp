@@ -304,14 +304,23 @@ class SafetensorsWriter {
     entries_.push_back(std::move(e));
   }
 
-  void add_f32(std::string name, std::vector<std::int64_t> shape, std::span<const float> values) {
+  // fp32 values stored as `stored`: F32 as they are, F16 or BF16 rounded to nearest even
+  // (kvq::half_t / bfloat16_t, saturating as they do).
+  void add_f32(std::string name, std::vector<std::int64_t> shape, std::span<const float> values,
+               DType stored = DType::F32) {
     std::uint64_t numel = 0;
     if (!detail::checked_numel(shape, std::numeric_limits<std::uint64_t>::max() / 8, numel) ||
         numel != values.size())
       throw Error(StatusCode::invalid_argument,
                   "safetensors: '" + name + "' has " + std::to_string(values.size()) +
                       " values, shape needs " + std::to_string(numel));
-    add(std::move(name), DType::F32, std::move(shape), values.data());
+    if (stored == DType::F32) return add(std::move(name), DType::F32, std::move(shape), values.data());
+    if (stored != DType::F16 && stored != DType::BF16)
+      throw Error(StatusCode::invalid_argument, "safetensors: fp32 values can be stored as F32, F16 or BF16 only");
+    std::vector<std::uint16_t> bits(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      bits[i] = stored == DType::F16 ? half_t(values[i]).bits : bfloat16_t(values[i]).bits;
+    add(std::move(name), stored, std::move(shape), bits.data());
   }
 
   void set_metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }

@@ -1,0 +1,221 @@
+// Greedy generation on SmolLM2 with every kind of preset: in process (fp32 vs K8V8 token
+// agreement) and through `smollm2_eval generate` as a user runs it (plain, _H, _HC with
+// each key-mean source, _R with an OptR artifact written here).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "cache_config.hpp"
+#include "generate.hpp"
+#include "model_env.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kQuestion = "Name three primary colors.";
+
+// Small windows, so that a short chat quantizes most of its context.
+smollm2::CacheArgs small_windows() {
+  smollm2::CacheArgs ca;
+  ca.sink = 4;
+  ca.recent = 16;
+  ca.flush = 4;
+  ca.block = 16;
+  return ca;
+}
+
+TEST(SmolLM2Generate, K8V8AgreesWithFp32OnTheFirstTokens) {
+  KVQ_REQUIRE_SMOLLM2(m);
+  const auto prompt = m->tok.encode(smollm2::chat_prompt(kQuestion), /*parse_special=*/true);
+  const auto ca = small_windows();
+  auto generate = [&](const std::string& policy) {
+    auto caches = m->model.make_caches(policy, ca.options());
+    auto ids = smollm2::greedy_generate(m->model, prompt, caches, 12, ca.block, smollm2::stop_ids(m->tok));
+    EXPECT_GT(caches.front()->quantized_tokens(), policy == "fp32" ? -1 : 0) << policy << " quantized nothing";
+    return ids;
+  };
+  const auto fp = generate("fp32"), k8 = generate("K8V8");
+  ASSERT_GE(fp.size(), 8u) << "fp32 reply: " << m->tok.decode(fp);
+  ASSERT_GE(k8.size(), 8u);
+  EXPECT_EQ(std::vector<int>(fp.begin(), fp.begin() + 8), std::vector<int>(k8.begin(), k8.begin() + 8))
+      << "fp32: " << m->tok.decode(fp) << "\nK8V8: " << m->tok.decode(k8);
+  // The comparison can see quantization: on the fp32 reply (teacher-forced), K8V8 moves
+  // the logits a little and K2V2 much more.
+  std::vector<int> seq = prompt;
+  seq.insert(seq.end(), fp.begin(), fp.end());
+  auto logits = [&](const std::string& policy) {
+    auto caches = m->model.make_caches(policy, ca.options());
+    smollm2::RowMat out;
+    smollm2::run_sequence(m->model, seq, caches, ca.block, &out);
+    return out;
+  };
+  const auto l32 = logits("fp32");
+  const double d8 = (logits("K8V8") - l32).cwiseAbs().maxCoeff(), d2 = (logits("K2V2") - l32).cwiseAbs().maxCoeff();
+  std::printf("max |logit - fp32| over %zu positions: K8V8 %.3g, K2V2 %.3g\n", seq.size(), d8, d2);
+  EXPECT_GT(d8, 0.0) << "K8V8 logits equal fp32's bit for bit; the cache is not quantizing";
+  EXPECT_GT(d2, 5 * d8);
+}
+
+#ifdef KVQ_SMOLLM2_EVAL
+
+bool valid_utf8(const std::string& s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const int n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
+    if (n < 0 || i + n >= s.size()) return false;
+    for (int k = 1; k <= n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+// Runs smollm2_eval with `args` (shell-quoted by the caller); stdout and stderr apart.
+Result run_cli(const std::string& args, const fs::path& dir) {
+  const fs::path err = dir / "stderr.txt";
+  const std::string cmd = std::string("'") + KVQ_SMOLLM2_EVAL + "' " + args + " 2>'" + err.string() + "'";
+  Result r;
+  std::FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), p)) > 0;) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream e(err);
+  r.err.assign(std::istreambuf_iterator<char>(e), {});
+  return r;
+}
+
+class GenerateCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = ::kvq_test::smollm2_model();
+    if (!model_) GTEST_SKIP() << ::smollm2::kFetchHint;
+    dir_ = fs::temp_directory_path() /
+           ("kvq_generate_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+
+  // The reply of `generate --chat` with small windows and `extra` options; checks that
+  // it ran, quantized part of the context, and printed the prompt and a UTF-8 reply.
+  Result generate(const std::string& extra) {
+    Result r = run_cli("--sink 4 --recent 16 --flush-block 4 --block 16 generate --chat -n 24 --prompt '" + kQuestion +
+                           "' " + extra,
+                       dir_);
+    EXPECT_EQ(r.status, 0) << extra << "\nstderr: " << r.err;
+    const std::string prompt = smollm2::chat_prompt(kQuestion);
+    EXPECT_EQ(r.out.substr(0, prompt.size()), prompt) << extra;
+    const std::string reply = r.out.size() > prompt.size() ? r.out.substr(prompt.size()) : "";
+    EXPECT_TRUE(valid_utf8(reply)) << extra << ": " << reply;
+    EXPECT_TRUE(std::any_of(reply.begin(), reply.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)); }))
+        << extra << ": reply has no letters: '" << reply << "'";
+    EXPECT_EQ(r.err.find("; 0 of them in quantized pages"), std::string::npos) << extra << ": " << r.err;
+    return r;
+  }
+
+  const kvq_test::LoadedModel* model_ = nullptr;
+  fs::path dir_;
+};
+
+TEST_F(GenerateCli, PlainAndHadamardPresets) {
+  generate("--policy K4V2");
+  generate("--policy K4V2_H");
+}
+
+TEST_F(GenerateCli, CenteredPresetTakesKeyMeansFromThePromptOrACalibrationText) {
+  const Result own = generate("--policy K2V2_HC");
+  EXPECT_NE(own.err.find("key means (centered-key layers): the prompt itself"), std::string::npos) << own.err;
+  const fs::path text = dir_ / "calib.txt";
+  std::ofstream(text) << "The history of the bridge begins in 1887, when the engineer Ada Mueller drew her first plan.\n"
+                         "It carried carts for more than forty years, and the village grew around its two towers.\n"
+                         "Colours of the paint changed with each decade: red, then green, then a pale blue.\n";
+  const Result calib = generate("--policy K2V2_HC --calib-text '" + text.string() + "' --calib-tokens 64");
+  EXPECT_NE(calib.err.find("tokens of " + text.string()), std::string::npos) << calib.err;
+}
+
+TEST_F(GenerateCli, LearnedRotationsFromAnArtifact) {
+  // An artifact of K2V2_R for all 30 layers: μ_K measured on the prompt, rotations
+  // H·diag(±1)/√d (orthogonal, different per head), as kvq_calib optr would write it.
+  const auto& m = model_->model;
+  const int d = m.cfg.head_dim, hkv = m.cfg.n_kv_heads;
+  const auto prompt = model_->tok.encode(smollm2::chat_prompt(kQuestion), true);
+  const auto means = smollm2::key_means(m, prompt, 1024, small_windows());
+  kvq::calib::Artifact art;
+  art.policy = kvq::presets::K2V2_R.with_head_dim(d);
+  art.info = {{"source", "test_generate"}};
+  std::mt19937 rng(20261130);
+  for (int l = 0; l < m.cfg.n_layers; ++l) {
+    kvq::calib::ArtifactLayer L;
+    L.layer = l;
+    L.hkv = hkv;
+    L.head_dim = d;
+    L.mu_k = means[l].key_mean;
+    L.nu_v.assign(hkv * d, 0.f);
+    for (auto* R : {&L.r_k, &L.r_v})
+      for (int h = 0; h < hkv; ++h) {
+        std::vector<float> sign(d);
+        for (float& s : sign) s = (rng() & 1) ? 1.f : -1.f;
+        for (int i = 0; i < d; ++i)
+          for (int j = 0; j < d; ++j)
+            R->push_back((std::popcount(unsigned(i & j)) & 1 ? -1.f : 1.f) * sign[j] / std::sqrt(float(d)));
+      }
+    L.kept_k.assign(hkv, 1);
+    L.kept_v.assign(hkv, 1);
+    L.loss_k.assign(2 * hkv, 0.0);
+    L.loss_v.assign(2 * hkv, 0.0);
+    art.layers.push_back(std::move(L));
+  }
+  const fs::path path = dir_ / "k2v2_r.safetensors";
+  kvq::calib::write_artifact(art, path);
+
+  const Result r = generate("--policy K2V2_R --artifact '" + path.string() + "'");
+  EXPECT_NE(r.err.find("μ_K, R_K, R_V from " + path.string()), std::string::npos) << r.err;
+  // The same artifact's μ_K serves a Hadamard + centering preset.
+  const Result hc = generate("--policy K2V2_HC --artifact '" + path.string() + "'");
+  EXPECT_NE(hc.err.find("the key means μ_K of artifact " + path.string()), std::string::npos) << hc.err;
+  // Without an artifact the learned preset says what to pass.
+  const Result missing = run_cli("generate --prompt hi -n 2 --policy K2V2_R", dir_);
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.err.find("pass --artifact"), std::string::npos) << missing.err;
+}
+
+TEST_F(GenerateCli, PerLayerPolicyTable) {
+  const fs::path table = dir_ / "layers.csv";
+  {
+    std::ofstream t(table);
+    t << "layer,policy\n";
+    for (int l = 0; l < model_->model.cfg.n_layers; ++l) t << l << "," << (l % 2 ? "K4V2_HC" : "K2V2_H") << "\n";
+  }
+  const Result r = generate("--layer-policies '" + table.string() + "'");
+  EXPECT_NE(r.err.find("policies: per layer from " + table.string()), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("key means (centered-key layers): the prompt itself"), std::string::npos) << r.err;
+}
+
+#else
+TEST(GenerateCli, Skipped) { GTEST_SKIP() << "smollm2_eval is not built (it needs fmt and CLI11)"; }
+#endif
+
+}  // namespace
