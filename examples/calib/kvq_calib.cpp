@@ -118,7 +118,7 @@ int run_optr(Common& c, const std::string& policy_name, const std::string& out, 
   else if (param == "riemannian") c.cfg.param = Parameterization::riemannian;
   else throw kvq::Error(kvq::StatusCode::invalid_argument, "--param must be exp or riemannian");
   fmt::print("policy {} = {}\nOptR: base {}, {}, {} steps, lr {}, lambda {}, margin {}, windows {}/{}/{}\n",
-             policy_name, describe(P), base, param, c.cfg.steps, c.cfg.lr, c.cfg.lambda, c.cfg.margin,
+             policy_name, kvq::to_string(P), base, param, c.cfg.steps, c.cfg.lr, c.cfg.lambda, c.cfg.margin,
              c.cfg.prefix, c.cfg.recent, c.cfg.qwin);
   const auto t0 = std::chrono::steady_clock::now();
   const auto res = calibrate(ls, calibrated, c.cfg, [](const LayerResult& l) {
@@ -171,8 +171,9 @@ int run_allocate(Common& c, double budget, const std::string& cand_list, const s
       throw kvq::Error(kvq::StatusCode::invalid_argument,
                        "candidate " + cands[ci].name + " uses learned rotations: pass --artifact");
     if (!(art.policy == P))
-      throw kvq::Error(kvq::StatusCode::invalid_argument, "--artifact was calibrated for " + describe(art.policy) +
-                                                              ", candidate " + cands[ci].name + " is " + describe(P));
+      throw kvq::Error(kvq::StatusCode::invalid_argument, "--artifact was calibrated for " +
+                                                              kvq::to_string(art.policy) + ", candidate " +
+                                                              cands[ci].name + " is " + kvq::to_string(P));
     for (const auto& a : ls) dense[ci].push_back(head_transforms(art, a.layer));
   }
 

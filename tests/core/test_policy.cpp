@@ -37,8 +37,8 @@ TEST(Policy, RunTimeValidationRejectsWhatCompileTimeRejects) {
   EXPECT_FALSE(is_valid_policy(p));
   p.key.rotation = Rotation::hadamard;
   EXPECT_TRUE(is_valid_policy(p));
-  static_assert(ValidPolicy<presets::K2V2_R>);
-  static_assert(!ValidPolicy<presets::K2V2.with_head_dim(32)>);
+  static_assert(is_valid_policy(presets::K2V2_R));
+  static_assert(!is_valid_policy(presets::K2V2.with_head_dim(32)));
 }
 
 TEST(Policy, PresetRecipes) {
@@ -48,6 +48,23 @@ TEST(Policy, PresetRecipes) {
   EXPECT_EQ(presets::K2V2_R.key.clip_permille, 960);
   EXPECT_EQ(presets::K2V2_R.value.clip_permille, 920);
   EXPECT_EQ(presets::K2V2_R.value.rotation, Rotation::dense);
+}
+
+// The one description of a policy (messages, reports, the artifact's "policy" field);
+// the enum names are stored in calibration artifacts and must not change.
+TEST(Policy, ToStringIsStable) {
+  EXPECT_STREQ(to_string(Rotation::none), "none");
+  EXPECT_STREQ(to_string(Rotation::hadamard), "hadamard");
+  EXPECT_STREQ(to_string(Rotation::dense), "dense");
+  EXPECT_STREQ(to_string(MetaType::fp16), "fp16");
+  EXPECT_STREQ(to_string(MetaType::bf16), "bf16");
+  EXPECT_STREQ(to_string(MetaType::fp32), "fp32");
+  EXPECT_EQ(to_string(presets::K4V2), "K{b4 g32 none clip1000 fp16} V{b2 g128 none clip1000 fp16} head_dim 128");
+  EXPECT_EQ(to_string(presets::K2V2_R.with_head_dim(64)),
+            "K{b2 g32 dense centered clip960 fp16} V{b2 g64 dense clip920 fp16} head_dim 64");
+  Policy p = presets::K4V2_H.with_meta(MetaType::bf16);
+  p.key.sign_seed = 7;
+  EXPECT_EQ(to_string(p.key), "b4 g32 hadamard clip1000 bf16 seed7");
 }
 
 }  // namespace

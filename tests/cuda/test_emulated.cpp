@@ -216,8 +216,8 @@ void check_decode(const Case& c, std::uint32_t seed, cuda::DecodeKernel kernel =
   ASSERT_TRUE(cuda::validate(a, plan).ok()) << cuda::validate(a, plan).to_string();
   ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, kernel == cuda::DecodeKernel::tensor_core);
   const kern::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
-  emu_decode(kern::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan, a.total_q, a.workspace,
-                                      nullptr),
+  emu_decode(kern::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles, a.total_q,
+                                      a.workspace, nullptr),
              plan);
   compare(out, lse, ref, lse_ref, D, kernel == cuda::DecodeKernel::tensor_core ? "tensor-core decode" : "quantized decode",
           tol);
@@ -265,8 +265,8 @@ void check_dense(const Case& c, std::uint32_t seed, cuda::DecodeKernel kernel = 
   ASSERT_TRUE(cuda::validate(a, plan).ok());
   ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, kernel == cuda::DecodeKernel::tensor_core);
   const kern::DenseSource<T, D> src{a.pool, a.num_pages, a.layout};
-  emu_decode(kern::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan, a.total_q,
-                                      a.workspace, nullptr),
+  emu_decode(kern::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan.row_tiles,
+                                      a.total_q, a.workspace, nullptr),
              plan);
   compare(out, lse, ref, lse_ref, D, kernel == cuda::DecodeKernel::tensor_core ? "tensor-core dense decode" : "dense decode",
           tol);

@@ -9,6 +9,8 @@
 #include "kvq/cuda/launch/api.hpp"
 #include "kvq/cuda/launch/dispatch.hpp"
 #include "kvq/cuda/launch/plan.hpp"
+#include "kvq/cuda/traits/decode_smem.hpp"
+#include "kvq/cuda/traits/geometry.hpp"
 
 namespace {
 
@@ -314,7 +316,7 @@ TEST(CudaDispatch, NamesWhatIsAvailable) {
   EXPECT_NE(wrong_dtype.message().find("available: K4V2_d128_half, K2V2_HC_d64_bf16"), std::string::npos)
       << wrong_dtype.message();
   const Status wrong_dim = KVQ_CUDA_DISPATCH(TEST_INSTANTIATIONS, presets::K4V2.with_head_dim(64), DType::f16, f);
-  EXPECT_NE(wrong_dim.message().find("d 64"), std::string::npos) << wrong_dim.message();
+  EXPECT_NE(wrong_dim.message().find("head_dim 64"), std::string::npos) << wrong_dim.message();
   const Status wrong_clip = KVQ_CUDA_DISPATCH(TEST_INSTANTIATIONS, presets::K4V2.with_clip(960, 1000), DType::f16, f);
   EXPECT_NE(wrong_clip.message().find("clip960"), std::string::npos) << wrong_clip.message();
 }

@@ -5,40 +5,20 @@
 // Two key/value sources:
 //   ragged rows : k, v [kv_indptr[batch], Hkv, D] of T; sequence b owns rows
 //                 kv_indptr[b] .. kv_indptr[b+1]
-//   paged       : DensePageLayout<T, D> pages addressed by a CSR page table
+//   paged       : DensePageLayout<T, D> pages (kvq/layout/dense.hpp) addressed by a CSR
+//                 page table
 #pragma once
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 #include "kvq/attention/online.hpp"
 #include "kvq/attention/params.hpp"
 #include "kvq/attention/softmax.hpp"
+#include "kvq/layout/dense.hpp"
 #include "kvq/layout/page_table.hpp"
-#include "kvq/layout/paged.hpp"
 
 namespace kvq {
-
-// Page of a full-precision paged cache: per head a K region [P][D] and a V region
-// [P][D] of T, heads consecutive (the same page granularity as the quantized layout).
-template <ActivationType T, int D>
-struct DensePageLayout {
-  int page_size = 16;
-  int num_kv_heads = 1;
-  KVQ_HOST_DEVICE constexpr std::size_t region_bytes() const { return align16(std::size_t(page_size) * D * sizeof(T)); }
-  KVQ_HOST_DEVICE constexpr std::size_t page_bytes() const { return 2 * region_bytes() * num_kv_heads; }
-  template <class Byte>
-  KVQ_HOST_DEVICE auto key_row(Byte* page, int h, int slot) const {
-    return reinterpret_cast<std::conditional_t<std::is_const_v<Byte>, const T*, T*>>(
-        page + 2 * region_bytes() * h + std::size_t(slot) * D * sizeof(T));
-  }
-  template <class Byte>
-  KVQ_HOST_DEVICE auto value_row(Byte* page, int h, int slot) const {
-    return reinterpret_cast<std::conditional_t<std::is_const_v<Byte>, const T*, T*>>(
-        page + 2 * region_bytes() * h + region_bytes() + std::size_t(slot) * D * sizeof(T));
-  }
-};
 
 namespace detail {
 

@@ -26,6 +26,7 @@
 #include "kvq/cache/append.hpp"
 #include "kvq/core/dispatch.hpp"
 #include "kvq/core/status.hpp"
+#include "kvq/rotation/params.hpp"
 
 namespace kvq {
 
@@ -39,16 +40,6 @@ struct HostCacheOptions {
   float sm_scale = 0.f;     // 0 → 1/√head_dim
   int max_query_tokens = 64;  // largest n_q passed to attend(); sizes its scratch
   KeyScoring key_scoring = KeyScoring::fp32_tiles;  // how the quantized part scores keys
-};
-
-// Owned run-time rotation/centering parameters of one layer (DESIGN §3). Empty
-// vectors where the policy needs nothing. Shapes: means [Hkv·D], rotations [Hkv·D·D].
-struct LayerParams {
-  std::vector<float> key_mean, key_rotation, value_mean, value_rotation;
-  RotationParams view() const {
-    auto ptr = [](const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
-    return {ptr(key_mean), ptr(key_rotation), ptr(value_mean), ptr(value_rotation)};
-  }
 };
 
 // Run-time-polymorphic cache interface (one layer, one sequence).

@@ -17,17 +17,18 @@
 
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "kvq/cache/host_cache.hpp"
 #include "kvq/calib/bit_allocation.hpp"
 #include "kvq/calib/optr.hpp"
 #include "kvq/core/policy.hpp"
 #include "kvq/core/status.hpp"
 #include "kvq/io/safetensors.hpp"
+#include "kvq/rotation/params.hpp"
 
 namespace kvq::calib {
 
@@ -50,35 +51,18 @@ struct Artifact {
 };
 
 // ---- policy <-> metadata --------------------------------------------------------------
-
-inline const char* meta_name(MetaType m) {
-  return m == MetaType::fp16 ? "fp16" : m == MetaType::bf16 ? "bf16" : "fp32";
-}
-inline const char* rotation_name(Rotation r) {
-  return r == Rotation::none ? "none" : r == Rotation::hadamard ? "hadamard" : "dense";
-}
-
-// A one-line description used in error messages and reports.
-inline std::string describe(const Policy& p) {
-  auto spec = [](const QuantSpec& s) {
-    std::ostringstream o;
-    o << "b" << s.bits << " g" << s.group << " " << rotation_name(s.rotation) << (s.centered ? " centered" : "")
-      << " clip" << s.clip_permille << " " << meta_name(s.meta);
-    if (s.sign_seed) o << " seed" << s.sign_seed;
-    return o.str();
-  };
-  return "K{" + spec(p.key) + "} V{" + spec(p.value) + "} head_dim " + std::to_string(p.head_dim);
-}
+// Field by field with the names of kvq::to_string(Rotation / MetaType); "policy" holds
+// kvq::to_string(Policy) for people reading the header.
 
 namespace detail {
 
 inline void put_spec(io::SafetensorsWriter& w, const std::string& pre, const QuantSpec& s) {
   w.set_metadata(pre + "bits", std::to_string(s.bits));
   w.set_metadata(pre + "group", std::to_string(s.group));
-  w.set_metadata(pre + "rotation", rotation_name(s.rotation));
+  w.set_metadata(pre + "rotation", to_string(s.rotation));
   w.set_metadata(pre + "centered", s.centered ? "1" : "0");
   w.set_metadata(pre + "clip_permille", std::to_string(s.clip_permille));
-  w.set_metadata(pre + "meta", meta_name(s.meta));
+  w.set_metadata(pre + "meta", to_string(s.meta));
   w.set_metadata(pre + "sign_seed", std::to_string(s.sign_seed));
 }
 
@@ -104,22 +88,29 @@ inline long long parse_int(const std::map<std::string, std::string>& md, const s
   }
 }
 
+// The enumerator among `all` whose kvq::to_string is `name` (the inverse of put_spec).
+template <class E>
+bool parse_name(const std::string& name, std::initializer_list<E> all, E& out) {
+  for (E e : all)
+    if (name == to_string(e)) {
+      out = e;
+      return true;
+    }
+  return false;
+}
+
 inline QuantSpec get_spec(const std::map<std::string, std::string>& md, const std::string& pre) {
   QuantSpec s;
   s.bits = static_cast<int>(parse_int(md, pre + "bits"));
   s.group = static_cast<int>(parse_int(md, pre + "group"));
   const std::string& r = need(md, pre + "rotation");
-  if (r == "none") s.rotation = Rotation::none;
-  else if (r == "hadamard") s.rotation = Rotation::hadamard;
-  else if (r == "dense") s.rotation = Rotation::dense;
-  else bad_artifact("unknown rotation '" + r + "'");
+  if (!parse_name(r, {Rotation::none, Rotation::hadamard, Rotation::dense}, s.rotation))
+    bad_artifact("unknown rotation '" + r + "'");
   s.centered = parse_int(md, pre + "centered") != 0;
   s.clip_permille = static_cast<int>(parse_int(md, pre + "clip_permille"));
   const std::string& m = need(md, pre + "meta");
-  if (m == "fp16") s.meta = MetaType::fp16;
-  else if (m == "bf16") s.meta = MetaType::bf16;
-  else if (m == "fp32") s.meta = MetaType::fp32;
-  else bad_artifact("unknown metadata dtype '" + m + "'");
+  if (!parse_name(m, {MetaType::fp16, MetaType::bf16, MetaType::fp32}, s.meta))
+    bad_artifact("unknown metadata dtype '" + m + "'");
   s.sign_seed = static_cast<std::uint32_t>(parse_int(md, pre + "sign_seed"));
   return s;
 }
@@ -189,7 +180,7 @@ inline io::SafetensorsWriter artifact_writer(const Artifact& a) {
   w.set_metadata("head_dim", std::to_string(a.policy.head_dim));
   detail::put_spec(w, "key_", a.policy.key);
   detail::put_spec(w, "value_", a.policy.value);
-  w.set_metadata("policy", describe(a.policy));
+  w.set_metadata("policy", to_string(a.policy));
   for (const auto& [k, v] : a.info) w.set_metadata("info." + k, v);
   std::string ids;
   for (const ArtifactLayer& L : a.layers) {
@@ -231,7 +222,7 @@ inline Artifact read_artifact(const io::SafetensorsFile& f) {
   a.policy.head_dim = static_cast<int>(detail::parse_int(md, "head_dim"));
   a.policy.key = detail::get_spec(md, "key_");
   a.policy.value = detail::get_spec(md, "value_");
-  if (!is_valid_policy(a.policy)) detail::bad_artifact("stored policy is invalid: " + describe(a.policy));
+  if (!is_valid_policy(a.policy)) detail::bad_artifact("stored policy is invalid: " + to_string(a.policy));
   for (const auto& [k, v] : md)
     if (k.rfind("info.", 0) == 0) a.info[k.substr(5)] = v;
   const std::string& ids = detail::need(md, "layers");
@@ -293,8 +284,8 @@ template <Policy P>
 void require_policy(const Artifact& a) {
   if (!(a.policy == P))
     throw Error(StatusCode::invalid_argument,
-                "OptR artifact was calibrated for policy " + describe(a.policy) +
-                    " but the instantiated policy is " + describe(P) +
+                "OptR artifact was calibrated for policy " + to_string(a.policy) +
+                    " but the instantiated policy is " + to_string(P) +
                     "; recalibrate with the instantiated policy (or instantiate the artifact's)");
 }
 

@@ -13,6 +13,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "kvq/core/config.hpp"
@@ -84,6 +85,29 @@ struct Policy {
   constexpr bool operator==(const Policy&) const = default;
 };
 
+// ---- formatting ----------------------------------------------------------------------
+// The names are stable: calibration artifacts store them (kvq/calib/artifact.hpp), and
+// to_string(Policy) is the one description of a policy in messages and reports, e.g.
+//   "K{b4 g32 none clip1000 fp16} V{b2 g128 none clip1000 fp16} head_dim 128"
+
+constexpr const char* to_string(Rotation r) {
+  return r == Rotation::none ? "none" : r == Rotation::hadamard ? "hadamard" : "dense";
+}
+constexpr const char* to_string(MetaType m) {
+  return m == MetaType::fp16 ? "fp16" : m == MetaType::bf16 ? "bf16" : "fp32";
+}
+// "b<bits> g<group> <rotation>[ centered] clip<permille> <meta>[ seed<sign_seed>]"
+inline std::string to_string(const QuantSpec& s) {
+  std::string o = "b" + std::to_string(s.bits) + " g" + std::to_string(s.group) + " " + to_string(s.rotation) +
+                  (s.centered ? " centered" : "") + " clip" + std::to_string(s.clip_permille) + " " +
+                  to_string(s.meta);
+  if (s.sign_seed) o += " seed" + std::to_string(s.sign_seed);
+  return o;
+}
+inline std::string to_string(const Policy& p) {
+  return "K{" + to_string(p.key) + "} V{" + to_string(p.value) + "} head_dim " + std::to_string(p.head_dim);
+}
+
 // ---- validation --------------------------------------------------------------------
 
 namespace detail {
@@ -105,10 +129,9 @@ constexpr bool is_valid_policy(const Policy& p) {
          detail::valid_spec(p.value, p.head_dim);
 }
 
-template <Policy P>
-concept ValidPolicy = is_valid_policy(P);
-
-// Instantiated by every kvq entry point: one readable message per rule.
+// Instantiated by every kvq entry point: one readable message per rule. (Entry points
+// static_assert this rather than constrain on a concept, so that a bad policy names the
+// rule it breaks instead of "constraints not satisfied".)
 template <Policy P>
 consteval bool check_policy() {
   static_assert(detail::valid_head_dim(P.head_dim), "kvq: head_dim must be 64, 128 or 256");

@@ -5,38 +5,13 @@
 //   stored value w = (v − ν_V)·R_V        output  o  = ô·R_Vᵀ + ν_V
 #pragma once
 
-#include <string>
-
 #include "kvq/core/config.hpp"
 #include "kvq/core/policy.hpp"
-#include "kvq/core/status.hpp"
 #include "kvq/rotation/dense.hpp"
 #include "kvq/rotation/hadamard.hpp"
+#include "kvq/rotation/params.hpp"
 
 namespace kvq {
-
-// Run-time parameters of one layer (non-owning). Heads are indexed locally: a
-// tensor-parallel rank passes pointers offset to its first KV head.
-struct RotationParams {
-  const float* key_mean = nullptr;        // [Hkv, D]     required iff P.key.centered
-  const float* key_rotation = nullptr;    // [Hkv, D, D]  required iff P.key.rotation == dense
-  const float* value_mean = nullptr;      // [Hkv, D]     required iff P.value.centered
-  const float* value_rotation = nullptr;  // [Hkv, D, D]  required iff P.value.rotation == dense
-};
-
-template <Policy P>
-inline Status validate_rotation_params(const RotationParams& r) {
-  using enum StatusCode;
-  KVQ_CHECK_ARG(!P.key.centered || r.key_mean, invalid_argument,
-                "policy centers keys but RotationParams::key_mean is null");
-  KVQ_CHECK_ARG(P.key.rotation != Rotation::dense || r.key_rotation, invalid_argument,
-                "policy uses a dense key rotation but RotationParams::key_rotation is null");
-  KVQ_CHECK_ARG(!P.value.centered || r.value_mean, invalid_argument,
-                "policy centers values but RotationParams::value_mean is null");
-  KVQ_CHECK_ARG(P.value.rotation != Rotation::dense || r.value_rotation, invalid_argument,
-                "policy uses a dense value rotation but RotationParams::value_rotation is null");
-  return {};
-}
 
 namespace detail {
 // x ← x·R for the spec's rotation; `scratch` is [D] (dense only).
@@ -95,13 +70,14 @@ KVQ_HOST_DEVICE void transform_value(float* x, int h, const RotationParams& r, f
 }
 
 // Query row for KV head h: q ← q·R_K in place; returns q·μ_K (0 when keys are not
-// centered), computed on the unrotated q in fp32.
+// centered), computed on the unrotated q in fp32 with every product rounded on its own
+// (mul_rn, DESIGN §2: no contraction-dependent expression).
 template <Policy P>
 KVQ_HOST_DEVICE float transform_query(float* q, int h, const RotationParams& r, float* scratch) {
   constexpr int D = P.head_dim;
   float shift = 0.f;
   if constexpr (P.key.centered)
-    for (int i = 0; i < D; ++i) shift += q[i] * r.key_mean[h * D + i];
+    for (int i = 0; i < D; ++i) shift = add_rn(shift, mul_rn(q[i], r.key_mean[h * D + i]));
   detail::rotate_forward<P.key, D>(q, detail::head_rotation<P.key, D>(r.key_rotation, h), scratch);
   return shift;
 }

@@ -27,16 +27,20 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kvq/attention/dense.hpp"
-#include "kvq/attention/params.hpp"
+#include "kvq/attention/softmax.hpp"
+#include "kvq/core/decode_params.hpp"
 #include "kvq/core/quantizer.hpp"
 #include "kvq/cuda/config.cuh"
-#include "kvq/cuda/launch/api.hpp"
-#include "kvq/cuda/launch/plan.hpp"
+#include "kvq/cuda/traits/decode_smem.hpp"
+#include "kvq/cuda/traits/device_error.hpp"
+#include "kvq/cuda/traits/geometry.hpp"
 #include "kvq/cuda/warp/copy.cuh"
 #include "kvq/cuda/warp/reduce.cuh"
 #include "kvq/cuda/warp/rotate.cuh"
+#include "kvq/layout/dense.hpp"
+#include "kvq/layout/page_table.hpp"
 #include "kvq/layout/paged.hpp"
+#include "kvq/rotation/params.hpp"
 
 namespace kvq::cuda::kernel {
 
@@ -680,10 +684,13 @@ __global__ void __launch_bounds__(128) split_merge_kernel(KP a) {
 }
 
 // Kernel parameters of one decode call (shared by the launchers and the host emulator).
+// row_tiles: CTAs per (sequence, KV head, split) (DecodePlan::row_tiles); workspace: the
+// split-KV workspace laid out as kvq/cuda/traits/geometry.hpp describes (null when
+// num_splits == 1).
 template <class Src, ActivationType QT, ActivationType OT>
 DecodeKernelParams<Src, QT, OT> make_decode_params(const Src& src, const PageTableView& table,
                                                   const DecodeParams<QT, OT>& p, const RotationParams& r,
-                                                  int num_splits, const DecodePlan& plan, int total_q, void* workspace,
+                                                  int num_splits, int row_tiles, int total_q, void* workspace,
                                                   unsigned* error_flags) {
   DecodeKernelParams<Src, QT, OT> kp{};
   kp.src = src;
@@ -691,11 +698,14 @@ DecodeKernelParams<Src, QT, OT> make_decode_params(const Src& src, const PageTab
   kp.p = p;
   kp.rotation = r;
   kp.num_splits = num_splits;
-  kp.row_tiles = plan.row_tiles;
+  kp.row_tiles = row_tiles;
   kp.total_q = total_q;
   kp.tau = p.scale(Src::D);
   kp.partial_o = static_cast<float*>(workspace);
-  kp.partial_lse = workspace ? reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.partial_o_bytes) : nullptr;
+  const std::size_t rows = std::size_t(total_q) * p.num_qo_heads;
+  kp.partial_lse = workspace ? reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                                        split_partial_o_bytes(num_splits, rows, Src::D))
+                             : nullptr;
   kp.error_flags = error_flags;
   return kp;
 }

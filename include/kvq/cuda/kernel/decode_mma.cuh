@@ -26,7 +26,9 @@
 #pragma once
 
 #include "kvq/cuda/kernel/decode.cuh"
-#include "kvq/cuda/launch/api.hpp"
+#include "kvq/cuda/traits/decode_smem.hpp"
+#include "kvq/cuda/traits/geometry.hpp"
+#include "kvq/cuda/traits/tensor_core.hpp"
 #include "kvq/cuda/warp/mma.cuh"
 
 namespace kvq::cuda::kernel {

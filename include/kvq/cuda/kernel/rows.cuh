@@ -12,9 +12,11 @@
 #include "kvq/attention/softmax.hpp"
 #include "kvq/core/quantizer.hpp"
 #include "kvq/cuda/config.cuh"
-#include "kvq/cuda/launch/api.hpp"
-#include "kvq/cuda/launch/plan.hpp"
+#include "kvq/cuda/traits/device_error.hpp"
+#include "kvq/cuda/traits/geometry.hpp"
+#include "kvq/cuda/traits/rotate_op.hpp"
 #include "kvq/cuda/warp/rotate.cuh"
+#include "kvq/layout/page_table.hpp"
 #include "kvq/layout/paged.hpp"
 
 namespace kvq::cuda::kernel {

@@ -17,17 +17,19 @@
 #include <cstdint>
 #include <cmath>
 #include <string>
-#include <type_traits>
 
-#include "kvq/attention/dense.hpp"
-#include "kvq/attention/params.hpp"
+#include "kvq/core/decode_params.hpp"
 #include "kvq/core/numeric.hpp"
 #include "kvq/core/policy.hpp"
 #include "kvq/core/status.hpp"
 #include "kvq/cuda/launch/plan.hpp"
+#include "kvq/cuda/traits/device_error.hpp"
+#include "kvq/cuda/traits/rotate_op.hpp"
+#include "kvq/cuda/traits/tensor_core.hpp"
+#include "kvq/layout/dense.hpp"
 #include "kvq/layout/page_table.hpp"
 #include "kvq/layout/paged.hpp"
-#include "kvq/rotation/transform.hpp"
+#include "kvq/rotation/params.hpp"
 
 struct CUstream_st;
 
@@ -35,12 +37,8 @@ namespace kvq::cuda {
 
 using Stream = CUstream_st*;  // the same type as cudaStream_t
 
-// Bits the kernels OR into `error_flags` when they skip an item.
-enum DeviceError : unsigned {
-  kBadBatchIndex = 1u,  // batch index outside [0, batch_size)
-  kBadPosition = 2u,    // position outside the sequence the page table describes
-  kBadPage = 4u,        // page index outside [0, num_pages)
-};
+// Every `error_flags` below is an optional device word the kernels OR DeviceError bits
+// into (kvq/cuda/traits/device_error.hpp) when they skip an out-of-range item.
 
 // Fused quantize-append.
 //   keys, values  : [num_tokens, Hkv, D] of T (post-RoPE rows)
@@ -82,13 +80,7 @@ struct DequantizeArgs {
   unsigned* error_flags = nullptr;
 };
 
-// Standalone rotation of rows, bit-identical to the host functions named below.
-enum class RotateOp {
-  key,     // transform_key:      (k − μ_K)·R_K
-  value,   // transform_value:    (v − ν_V)·R_V
-  query,   // q·R_K (no centering; attention adds the τ·q·μ_K shift itself)
-  output,  // untransform_output: ô·R_Vᵀ + ν_V
-};
+// Standalone rotation of rows (RotateOp, kvq/cuda/traits/rotate_op.hpp).
 //   in, out : [num_rows, num_heads, D] of T (out may alias in)
 //   head j of a row uses KV head ⌊j / heads_per_kv_head⌋ of the rotation params
 template <Policy P, ActivationType T>
@@ -104,15 +96,6 @@ struct RotateArgs {
   RotationParams rotation{};
 };
 
-// Cache types the tensor-core decode kernel serves (kernel/decode_mma.cuh): quantized
-// pages with fp16 metadata (p·scale must stay within fp16) and fp16 pages, head_dim 64
-// or 128.
-template <Policy P>
-inline constexpr bool kTensorCoreDecode =
-    (P.head_dim == 64 || P.head_dim == 128) && P.key.meta == MetaType::fp16 && P.value.meta == MetaType::fp16;
-template <ActivationType T, int D>
-inline constexpr bool kTensorCoreDenseDecode = std::is_same_v<T, half_t> && (D == 64 || D == 128);
-
 // Quantized split-KV decode attention (DESIGN §4), same semantics as
 // kvq::decode_attention: see DecodeParams for q/out/lse/causal_offset/rotated_output.
 // Host-visible extras:
@@ -121,6 +104,7 @@ inline constexpr bool kTensorCoreDenseDecode = std::is_same_v<T, half_t> && (D =
 //   num_splits    : split-KV factor; > 1 needs workspace (decode_workspace_bytes)
 //   kernel        : simt or tensor_core (see DecodeKernel in plan.hpp); asking for
 //                   tensor_core where kTensorCoreOk is false returns `unsupported`
+//                   (which caches have one: kvq/cuda/traits/tensor_core.hpp)
 template <Policy P, ActivationType QT, ActivationType OT>
 struct DecodeArgs {
   ConstPagedCacheView<P> cache{};

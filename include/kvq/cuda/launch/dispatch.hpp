@@ -40,15 +40,6 @@ constexpr DType dtype_of() {
 
 constexpr const char* to_string(DType t) { return t == DType::f16 ? "f16" : t == DType::bf16 ? "bf16" : "f32"; }
 
-inline std::string describe(const Policy& p) {
-  auto spec = [](const QuantSpec& s) {
-    return std::to_string(s.bits) + "b/g" + std::to_string(s.group) +
-           (s.rotation == Rotation::hadamard ? "/H" : s.rotation == Rotation::dense ? "/R" : "") +
-           (s.centered ? "/C" : "") + (s.clips() ? "/clip" + std::to_string(s.clip_permille) : "");
-  };
-  return "K " + spec(p.key) + ", V " + spec(p.value) + ", d " + std::to_string(p.head_dim);
-}
-
 }  // namespace kvq::cuda
 
 #define KVQ_CUDA_DISPATCH_ENTRY_(ID, POLICY, T)                                                     \
@@ -69,7 +60,7 @@ inline std::string describe(const Policy& p) {
     std::string kvq_list_;                                                                          \
     LIST(KVQ_CUDA_DISPATCH_ENTRY_)                                                                  \
     if (!kvq_found_)                                                                                \
-      return {::kvq::StatusCode::unsupported, "kvq cuda: policy (" + ::kvq::cuda::describe(kvq_policy_) + \
+      return {::kvq::StatusCode::unsupported, "kvq cuda: policy (" + ::kvq::to_string(kvq_policy_) + \
                                                   ") with dtype " + ::kvq::cuda::to_string(kvq_dtype_) + \
                                                   " is not instantiated (available: " + kvq_list_ + ")"}; \
     return kvq_status_;                                                                             \

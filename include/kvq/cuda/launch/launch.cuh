@@ -103,8 +103,8 @@ Status decode_attention(const DecodeArgs<P, QT, OT>& a, Stream stream) {
   KVQ_RETURN_IF_ERROR(validate(a, plan));
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
   const kernel::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
-  const auto kp = kernel::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan, a.total_q,
-                                             a.workspace, a.error_flags);
+  const auto kp = kernel::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles,
+                                             a.total_q, a.workspace, a.error_flags);
   if constexpr (DecodeArgs<P, QT, OT>::kTensorCoreOk) {
     if (plan.kernel == DecodeKernel::tensor_core) return detail::launch_decode_mma(kp, plan, stream);
   }
@@ -117,8 +117,8 @@ Status dense_decode_attention(const DenseDecodeArgs<T, D, QT, OT>& a, Stream str
   KVQ_RETURN_IF_ERROR(validate(a, plan));
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
   const kernel::DenseSource<T, D> src{a.pool, a.num_pages, a.layout};
-  const auto kp = kernel::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan, a.total_q,
-                                             a.workspace, a.error_flags);
+  const auto kp = kernel::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits,
+                                             plan.row_tiles, a.total_q, a.workspace, a.error_flags);
   if constexpr (DenseDecodeArgs<T, D, QT, OT>::kTensorCoreOk) {
     if (plan.kernel == DecodeKernel::tensor_core) return detail::launch_decode_mma(kp, plan, stream);
   }

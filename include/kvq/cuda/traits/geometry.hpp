@@ -1,0 +1,74 @@
+// kvq/cuda/traits/geometry.hpp — the work geometry the CUDA kernels and their launchers
+// agree on: tokens per warp step, rows per CTA, warps per CTA, split-KV ranges and the
+// split workspace layout. Plain C++ (constexpr, host and device), so the launch plan
+// (kvq/cuda/launch/plan.hpp) and the kernels (kvq/cuda/kernel/) use the same numbers
+// and g++ tests them on machines without a GPU.
+#pragma once
+
+#include <cstddef>
+
+#include "kvq/core/config.hpp"
+
+namespace kvq::cuda {
+
+// Tokens one warp processes per step of the decode kernels (one token per lane in the
+// q·k phase).
+inline constexpr int kWarpTokens = 32;
+// Rows per CTA of the tensor-core decode kernel: one m16 tile.
+inline constexpr int kMmaRows = 16;
+// Elementwise kernels (append, dequantize, rotate, merge): warps per block, one warp
+// per row item.
+inline constexpr int kRowWarpsPerBlock = 4;
+
+KVQ_HOST_DEVICE constexpr std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+KVQ_HOST_DEVICE constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// The largest row count whose fp32 value accumulators fit a lane's register budget
+// (rows × dims-per-lane ≤ 64, with at least head_dim/32 dims per lane).
+KVQ_HOST_DEVICE constexpr int max_rows_per_cta(int head_dim) {
+  const int r = 2048 / head_dim;
+  return r > 16 ? 16 : r;
+}
+
+// Value dimensions one lane accumulates in the p·v phase.
+KVQ_HOST_DEVICE constexpr int value_dims_per_lane(int head_dim, int rows) {
+  const int min_dims = head_dim / 32;
+  int d = 64 / rows;
+  if (d > 8) d = 8;
+  return d < min_dims ? min_dims : d;
+}
+
+// Warps per decode CTA: each warp double-buffers its own 32-token tile, and the CTA's
+// staging buffers are kept ≤ 64 KiB so that several CTAs fit one SM.
+KVQ_HOST_DEVICE constexpr int decode_warps(std::size_t bytes_per_token) {
+  const std::size_t stage = bytes_per_token * kWarpTokens;
+  if (2 * 4 * stage <= 65536) return 4;
+  if (2 * 2 * stage <= 65536) return 2;
+  return 1;
+}
+
+// Tokens [begin, end) of a sequence of length `len` that split `s` of `num_splits`
+// covers. Chunks are multiples of the warp tile; trailing splits may be empty.
+KVQ_HOST_DEVICE constexpr int split_chunk(int len, int num_splits) {
+  const int c = (len + num_splits - 1) / num_splits;
+  return (c + kWarpTokens - 1) / kWarpTokens * kWarpTokens;
+}
+KVQ_HOST_DEVICE constexpr int split_begin(int len, int num_splits, int s) {
+  const long long b = static_cast<long long>(split_chunk(len, num_splits)) * s;
+  return b > len ? len : static_cast<int>(b);
+}
+KVQ_HOST_DEVICE constexpr int split_end(int len, int num_splits, int s) {
+  return split_begin(len, num_splits, s + 1);
+}
+
+// Split-KV workspace (num_splits > 1), 256-byte aligned regions, rows = total_q × Hq:
+//   partial o   [S][rows][D] fp32   at byte 0
+//   partial lse [S][rows]    fp32   at byte split_partial_o_bytes(...)
+KVQ_HOST_DEVICE constexpr std::size_t split_partial_o_bytes(int num_splits, std::size_t rows, int head_dim) {
+  return align_up(std::size_t(num_splits) * rows * std::size_t(head_dim) * 4, 256);
+}
+KVQ_HOST_DEVICE constexpr std::size_t split_partial_lse_bytes(int num_splits, std::size_t rows) {
+  return align_up(std::size_t(num_splits) * rows * 4, 256);
+}
+
+}  // namespace kvq::cuda
