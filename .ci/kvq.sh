@@ -6,7 +6,7 @@
 #                     markdown, CSV and SVG in build/report/)
 #   .ci/kvq.sh test   build everything (CUDA when nvcc is found) and run the whole test suite
 #   .ci/kvq.sh asan   CPU tests under ASan+UBSan
-#   .ci/kvq.sh fuzz   bounded libFuzzer runs of the file readers (needs clang)
+#   .ci/kvq.sh fuzz   bounded libFuzzer runs of the file readers, safetensors and GGUF (needs clang)
 #
 # Missing Debian packages are installed first (as root, via apt-get).
 set -euo pipefail
@@ -58,10 +58,12 @@ case "${1:-}" in
     deps
     build cpu kvq_fuzz_gguf kvq_fuzz_safetensors
     secs=${KVQ_FUZZ_SECONDS:-60}
-    for reader in gguf safetensors; do
+    # reader:seed corpus (GGUF is the SmolLM2 example's format, tested in tests/model)
+    for entry in gguf:tests/model/fuzz_gguf_seeds safetensors:tests/io/fuzz_safetensors_seeds; do
+      reader=${entry%%:*}
       mkdir -p "build/fuzz/$reader"
-      "./build/cpu/tests/io/kvq_fuzz_$reader" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
-        "build/fuzz/$reader" "tests/io/fuzz_${reader}_seeds"
+      "./build/cpu/fuzz/kvq_fuzz_$reader" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
+        "build/fuzz/$reader" "${entry#*:}"
     done
     ;;
   *)

@@ -50,3 +50,43 @@ function(kvq_add_isa_twin name prefix flag)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   target_compile_options(${name} PRIVATE ${flag})
 endfunction()
+
+# kvq_add_fuzzer(<reader> SOURCE <cpp> [INCLUDES <dir>...] [DEPENDS <file>...]): the
+# libFuzzer target kvq_fuzz_<reader> (not part of `all`), built into
+# ${PROJECT_BINARY_DIR}/fuzz/. It needs clang; when the project compiler is not clang, a
+# clang++ on PATH is driven directly, with kvq's and nlohmann-json's include dirs.
+# Without clang the target does not exist.
+function(kvq_add_fuzzer reader)
+  cmake_parse_arguments(ARG "" "SOURCE" "INCLUDES;DEPENDS" ${ARGN})
+  if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    set(fuzz_cxx ${CMAKE_CXX_COMPILER})
+  else()
+    find_program(KVQ_FUZZ_CXX NAMES clang++ clang++-19 clang++-18 clang++-17 clang++-16 clang++-15 clang++-14)
+    set(fuzz_cxx ${KVQ_FUZZ_CXX})
+  endif()
+  if(NOT fuzz_cxx)
+    return()
+  endif()
+  find_package(nlohmann_json 3.2 REQUIRED)
+  get_target_property(json_inc nlohmann_json::nlohmann_json INTERFACE_INCLUDE_DIRECTORIES)
+  set(flags -I${PROJECT_SOURCE_DIR}/include)
+  foreach(dir IN LISTS ARG_INCLUDES)
+    list(APPEND flags -I${dir})
+  endforeach()
+  foreach(dir IN LISTS json_inc)
+    if(NOT dir STREQUAL "/usr/include")  # -isystem /usr/include breaks libstdc++'s include_next
+      list(APPEND flags -isystem ${dir})
+    endif()
+  endforeach()
+  get_filename_component(src ${ARG_SOURCE} ABSOLUTE)
+  set(bin ${PROJECT_BINARY_DIR}/fuzz/kvq_fuzz_${reader})
+  add_custom_command(OUTPUT ${bin}
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${PROJECT_BINARY_DIR}/fuzz
+    COMMAND ${fuzz_cxx} -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+            ${flags} ${src} -o ${bin}
+    DEPENDS ${src} ${ARG_DEPENDS} ${PROJECT_SOURCE_DIR}/include/kvq/io/file.hpp
+            ${PROJECT_SOURCE_DIR}/include/kvq/core/numeric.hpp ${PROJECT_SOURCE_DIR}/include/kvq/core/status.hpp
+    COMMENT "Building libFuzzer target kvq_fuzz_${reader} with ${fuzz_cxx}"
+    VERBATIM)
+  add_custom_target(kvq_fuzz_${reader} DEPENDS ${bin})
+endfunction()

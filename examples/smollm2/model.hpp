@@ -21,7 +21,7 @@
 
 #include "kvq/cache/host_cache.hpp"
 #include "kvq/core/status.hpp"
-#include "kvq/io/gguf.hpp"
+#include "gguf.hpp"
 
 namespace smollm2 {
 
@@ -52,7 +52,7 @@ class Model {
   Eigen::VectorXf out_norm;
   std::vector<LayerWeights> layers;
 
-  static Model load(const kvq::io::GGUFFile& f) {
+  static Model load(const smollm2::GGUFFile& f) {
     Model m;
     if (f.get_string("general.architecture") != "llama")
       throw kvq::Error(kvq::StatusCode::unsupported,
@@ -171,18 +171,18 @@ class Model {
   }
 
  private:
-  static RowMat matrix(const kvq::io::GGUFFile& f, const std::string& name, int rows, int cols) {
+  static RowMat matrix(const smollm2::GGUFFile& f, const std::string& name, int rows, int cols) {
     const auto& t = f.tensor(name);
     if (t.shape.size() != 2 || t.shape[0] != cols || (rows >= 0 && t.shape[1] != rows))
       throw kvq::Error(kvq::StatusCode::corrupt_data, "model: tensor '" + name + "' has an unexpected shape");
-    const auto data = kvq::io::GGUFFile::dequantize(t);
+    const auto data = smollm2::GGUFFile::dequantize(t);
     return Eigen::Map<const RowMat>(data.data(), t.shape[1], t.shape[0]);
   }
-  static Eigen::VectorXf vector(const kvq::io::GGUFFile& f, const std::string& name, int n) {
+  static Eigen::VectorXf vector(const smollm2::GGUFFile& f, const std::string& name, int n) {
     const auto& t = f.tensor(name);
     if (t.shape.size() != 1 || t.shape[0] != n)
       throw kvq::Error(kvq::StatusCode::corrupt_data, "model: tensor '" + name + "' has an unexpected shape");
-    const auto data = kvq::io::GGUFFile::dequantize(t);
+    const auto data = smollm2::GGUFFile::dequantize(t);
     return Eigen::Map<const Eigen::VectorXf>(data.data(), n);
   }
 

@@ -29,7 +29,7 @@
 #include "generate.hpp"
 #include "kvq/calib/activation_file.hpp"
 #include "kvq/calib/artifact.hpp"
-#include "kvq/io/gguf.hpp"
+#include "gguf.hpp"
 #include "kvq/io/safetensors.hpp"
 #include "model.hpp"
 #include "tokenizer.hpp"
@@ -39,7 +39,7 @@ namespace {
 using namespace smollm2;
 
 struct Loaded {
-  kvq::io::GGUFFile file;
+  smollm2::GGUFFile file;
   Model model;
   smollm2::Tokenizer tok;
 };
@@ -48,7 +48,7 @@ std::unique_ptr<Loaded> load(const std::string& path_arg) {
   std::filesystem::path path = path_arg.empty() ? smollm2::default_model_path() : std::filesystem::path(path_arg);
   if (!std::filesystem::is_regular_file(path))
     throw kvq::Error(kvq::StatusCode::io_error, "model file '" + path.string() + "' is missing. " + smollm2::kFetchHint);
-  auto f = kvq::io::GGUFFile::open(path);
+  auto f = smollm2::GGUFFile::open(path);
   auto m = Model::load(f);
   smollm2::Tokenizer t(f);
   return std::unique_ptr<Loaded>(new Loaded{std::move(f), std::move(m), std::move(t)});

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "kvq/core/status.hpp"
-#include "kvq/io/gguf.hpp"
+#include "gguf.hpp"
 
 namespace smollm2 {
 
@@ -62,7 +62,7 @@ class Tokenizer {
  public:
   static constexpr int kControlType = 3;
 
-  explicit Tokenizer(const kvq::io::GGUFFile& f) {
+  explicit Tokenizer(const smollm2::GGUFFile& f) {
     if (f.get_string("tokenizer.ggml.model") != "gpt2")
       throw kvq::Error(kvq::StatusCode::unsupported,
                        "tokenizer: only the gpt2 (byte-level BPE) model is implemented, file has '" +

@@ -12,7 +12,7 @@
 namespace kvq_test {
 
 struct LoadedModel {
-  kvq::io::GGUFFile file;
+  smollm2::GGUFFile file;
   smollm2::Model model;
   smollm2::Tokenizer tok;
 };
@@ -22,7 +22,7 @@ inline const LoadedModel* smollm2_model() {
   static std::unique_ptr<LoadedModel> m = []() -> std::unique_ptr<LoadedModel> {
     auto path = smollm2::find_model();
     if (!path) return nullptr;
-    auto f = kvq::io::GGUFFile::open(*path);
+    auto f = smollm2::GGUFFile::open(*path);
     auto model = smollm2::Model::load(f);
     smollm2::Tokenizer tok(f);
     return std::unique_ptr<LoadedModel>(new LoadedModel{std::move(f), std::move(model), std::move(tok)});

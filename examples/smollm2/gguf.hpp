@@ -1,4 +1,5 @@
-// kvq/io/gguf.hpp — GGUF (v2/v3) reader with fp32 dequantization (host only).
+// examples/smollm2/gguf.hpp — GGUF (v2/v3) reader with fp32 dequantization (host only).
+// The example model's file format, not part of kvq (whose artifacts are safetensors).
 //
 // Layout (all little-endian):
 //   "GGUF" u32 version u64 n_tensors u64 n_kv
@@ -34,10 +35,14 @@
 #include "kvq/core/numeric.hpp"
 #include "kvq/core/status.hpp"
 
-namespace kvq::io {
+namespace smollm2 {
+
+using kvq::Error;
+using kvq::StatusCode;
+using kvq::io::read_file_bytes;
 
 static_assert(std::endian::native == std::endian::little,
-              "kvq::io reads little-endian files by reinterpreting bytes");
+              "the GGUF reader reinterprets little-endian bytes");
 
 // Metadata value types (GGUF spec numbering).
 enum class GGUFType : std::uint32_t {
@@ -292,7 +297,7 @@ inline GGUFValue read_value(Cursor& c, GGUFType t, int depth) {
 inline float f16(const std::byte* p) {
   std::uint16_t b;
   std::memcpy(&b, p, 2);
-  return half_bits_to_float(b);
+  return kvq::half_bits_to_float(b);
 }
 
 }  // namespace gguf_detail
@@ -379,7 +384,7 @@ class GGUFFile {
         for (std::size_t i = 0; i < n; ++i) {
           std::uint16_t b;
           std::memcpy(&b, p + 2 * i, 2);
-          out[i] = bf16_bits_to_float(b);
+          out[i] = kvq::bf16_bits_to_float(b);
         }
         break;
       case GGMLType::Q4_0:  // {f16 d; u8 qs[16]}: x[j] = (lo nibble - 8)·d, x[j+16] = (hi - 8)·d
@@ -533,4 +538,4 @@ class GGUFFile {
   std::map<std::string, std::size_t, std::less<>> tensor_index_;
 };
 
-}  // namespace kvq::io
+}  // namespace smollm2

@@ -7,11 +7,11 @@
 #include <cstring>
 #include <vector>
 
-#include "kvq/io/gguf.hpp"
+#include "gguf.hpp"
 
 namespace {
 
-void touch(const kvq::io::GGUFValue& v) {
+void touch(const smollm2::GGUFValue& v) {
   try {
     if (v.is_array()) {
       for (const auto& e : v.array) touch(e);
@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<std::byte> bytes(size);
   if (size) std::memcpy(bytes.data(), data, size);
   try {
-    const auto f = kvq::io::GGUFFile::from_bytes(std::move(bytes));
+    const auto f = smollm2::GGUFFile::from_bytes(std::move(bytes));
     for (const auto& [key, value] : f.metadata()) touch(value);
     for (const auto& t : f.tensors()) {
       if (t.numel() > (1 << 20)) continue;  // zero-dim tricks can describe big empty tensors

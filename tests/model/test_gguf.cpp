@@ -8,14 +8,14 @@
 #include <random>
 
 #include "gguf_builder.hpp"
-#include "kvq/io/gguf.hpp"
+#include "gguf.hpp"
 
 namespace {
 
 using kvq::StatusCode;
-using kvq::io::GGMLType;
-using kvq::io::GGUFFile;
-using kvq::io::GGUFType;
+using smollm2::GGMLType;
+using smollm2::GGUFFile;
+using smollm2::GGUFType;
 using kvq_test::GGUFBuilder;
 
 enum : std::uint32_t { U8 = 0, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 };
