@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "kvq/cache/host_cache.hpp"
 #include "kvq/calib/activation_file.hpp"
 #include "kvq/calib/artifact.hpp"
 #include "kvq/calib/bit_allocation.hpp"
