@@ -2,6 +2,9 @@
 // on ≥ 90% of heads, learned rotations stay orthogonal, kept heads never get worse.
 #include <gtest/gtest.h>
 
+#include <new>
+#include <string>
+
 #include "kvq/calib/optr.hpp"
 #include "synthetic.hpp"
 
@@ -95,6 +98,23 @@ TEST(OptRSynthetic, BadInputIsRejected) {
   EXPECT_THROW(calibrate(ls, kPolicy, cfg), kvq::Error);
   cfg.qwin = 0;
   EXPECT_THROW(calibrate(layers(), kPolicy, cfg), kvq::Error);
+}
+
+// A failure inside the parallel loop reaches the caller unchanged: a kvq::Error keeps
+// its StatusCode and message, any other exception its type.
+TEST(OptRSynthetic, FailuresKeepTheirStatusCode) {
+  OptRConfig cfg = small_config(BaseKind::hadamard);
+  cfg.steps = 0;
+  try {
+    calibrate(layers(), kPolicy, cfg,
+              [](const LayerResult&) { throw kvq::Error(kvq::StatusCode::io_error, "disk full"); });
+    FAIL() << "expected kvq::Error";
+  } catch (const kvq::Error& e) {
+    EXPECT_EQ(e.code(), kvq::StatusCode::io_error);
+    EXPECT_NE(std::string(e.what()).find("disk full"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(calibrate(layers(), kPolicy, cfg, [](const LayerResult&) { throw std::bad_alloc(); }),
+               std::bad_alloc);
 }
 
 }  // namespace

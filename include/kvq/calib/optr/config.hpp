@@ -1,0 +1,59 @@
+// kvq/calib/optr/config.hpp — OptR settings (DESIGN §6.3): windows, optimizer, base rotation
+// and parameterization, with their validation.
+#pragma once
+
+#include <string>
+
+#include "kvq/core/status.hpp"
+
+namespace kvq::calib {
+
+enum class BaseKind { identity, hadamard, covariance };
+enum class Parameterization {
+  exp_map,     // R = R0·exp(A − Aᵀ), gradient by the block-exponential Fréchet adjoint
+  riemannian,  // R ← R·exp(step) with the gradient taken at the current point (A = 0)
+};
+
+inline const char* to_string(BaseKind b) {
+  switch (b) {
+    case BaseKind::identity: return "identity";
+    case BaseKind::hadamard: return "hadamard";
+    case BaseKind::covariance: return "covariance";
+  }
+  return "?";
+}
+inline const char* to_string(Parameterization p) {
+  return p == Parameterization::exp_map ? "exp_map" : "riemannian";
+}
+
+struct OptRConfig {
+  int prefix = 64;       // exact attention-sink tokens at the start of each sequence
+  int recent = 256;      // exact recent tokens at the end of each sequence
+  int qwin = 64;         // query positions used (the last qwin of each sequence)
+  int steps = 80;        // Adam steps per phase; 0 = base rotations only
+  int eval_every = 20;   // held-out evaluation period (and at the end)
+  double lr = 0.02, beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8;
+  double lambda = 1.0;   // weight of the post-W_O shift term in the K phase
+  double margin = 0.01;  // keep learned R only if best < base·(1 − margin)
+  bool cosine_lr = false;  // lr·½(1 + cos(π·(step−1)/steps)) instead of DESIGN §6.3's constant lr
+  double tau = 0.0;      // softmax scale; 0 = 1/√d
+  double heldout_fraction = 0.25;  // share of sequences held out (at least one)
+  BaseKind base = BaseKind::hadamard;
+  Parameterization param = Parameterization::exp_map;
+
+  void validate() const {
+    auto bad = [](const std::string& m) { throw Error(StatusCode::invalid_argument, "calib: " + m); };
+    if (prefix < 0 || recent < 0) bad("prefix and recent must be >= 0");
+    if (qwin <= 0) bad("qwin must be > 0");
+    if (steps < 0) bad("steps must be >= 0");
+    if (eval_every <= 0) bad("eval_every must be > 0");
+    if (!(lr > 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(adam_eps > 0))
+      bad("Adam hyper-parameters out of range");
+    if (!(lambda >= 0)) bad("lambda must be >= 0");
+    if (!(margin >= 0 && margin < 1)) bad("margin must be in [0, 1)");
+    if (!(tau >= 0)) bad("tau must be >= 0");
+    if (!(heldout_fraction > 0 && heldout_fraction < 1)) bad("heldout_fraction must be in (0, 1)");
+  }
+};
+
+}  // namespace kvq::calib

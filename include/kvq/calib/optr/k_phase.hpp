@@ -1,0 +1,219 @@
+// kvq/calib/optr/k_phase.hpp — the K-phase loss of one head and its gradient (values exact).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kvq/calib/activations.hpp"
+#include "kvq/calib/fake_quant.hpp"
+#include "kvq/calib/optr/config.hpp"
+#include "kvq/calib/optr/rotated_quant.hpp"
+#include "kvq/calib/optr/windows.hpp"
+#include "kvq/calib/skew_exp.hpp"
+#include "kvq/core/policy.hpp"
+#include "kvq/core/status.hpp"
+
+namespace kvq::calib {
+
+// K phase of one head: mean over query heads j and query positions of
+// KL(p ‖ p̃) + λ·mean_D((p̃ − p)·V·W_jᵀ)², values exact.
+//
+// Only the m quantized key columns change with R, so everything the exact columns
+// contribute is precomputed once per (sequence, query head): their log-sum-exp
+// reference, Σ exp(z − c)·v, and the p-weighted terms of the KL. A step then costs
+// O(nq·m·d) instead of O(nq·len·d).
+class KPhase {
+ public:
+  KPhase(const HeadData& hd, const VecD& mu, const QuantSpec& spec, const OptRConfig& cfg)
+      : mu_(mu), spec_(spec), cfg_(cfg) {
+    d_ = hd.head_dim();
+    check_spec(spec, d_);
+    if (hd.Q.empty() || hd.W.size() != hd.Q.size())
+      throw Error(StatusCode::invalid_argument, "calib: a KV head needs its query heads and W_O slices");
+    tau_ = cfg.tau > 0 ? cfg.tau : 1.0 / std::sqrt(static_cast<double>(d_));
+    win_ = detail::make_windows(hd, cfg, &nq_total_, &m_);
+    if (m_ == 0)
+      throw Error(StatusCode::invalid_argument,
+                  "calib: no token is quantized; sequences must be longer than prefix + recent (" +
+                      std::to_string(cfg.prefix) + " + " + std::to_string(cfg.recent) + ")");
+    g_ = static_cast<int>(hd.Q.size());
+    D_ = static_cast<double>(hd.W[0].rows());
+    Kc_ = detail::gather_quantized(hd.K, win_, m_);
+    Kc_.rowwise() -= mu.transpose();
+    Vq_ = detail::gather_quantized(hd.V, win_, m_);
+    M_.resize(g_);
+    for (int j = 0; j < g_; ++j) M_[j] = hd.W[j].transpose() * hd.W[j];
+    for (const detail::SeqWin& s : win_)
+      for (int j = 0; j < g_; ++j) exact_.push_back(precompute(hd, s, j));
+  }
+
+  int quantized_rows() const { return m_; }
+  const MatD& centered_rows() const { return Kc_; }
+  MatD residual(const MatD& R) const { return RotatedQuant::residual(Kc_, R, spec_); }
+
+  // Loss at R_K; with dLdR the STE gradient ∂L/∂R_K. A frozen residual [m, d] replaces
+  // the quantizer (the surrogate whose exact gradient the STE gradient equals).
+  double loss(const MatD& R, MatD* dLdR = nullptr, const MatD* frozen = nullptr) const {
+    const RotatedQuant rq = RotatedQuant::forward(Kc_, R, spec_, frozen);
+    MatD Khat = rq.recon;
+    Khat.rowwise() += mu_.transpose();  // k̂ = x̂·Rᵀ + μ
+    MatD GK;
+    if (dLdR) GK = MatD::Zero(m_, d_);
+    const double wq = 1.0 / (g_ * static_cast<double>(nq_total_));
+    const double wshift = cfg_.lambda * wq / D_;
+    double total = 0;
+    std::size_t e_idx = 0;
+    for (const detail::SeqWin& s : win_) {
+      const int m = s.qe - s.qb;
+      for (int j = 0; j < g_; ++j, ++e_idx) {
+        const Exact& e = exact_[e_idx];
+        const Attn at = attend(e, s, Khat.middleRows(s.qrow, m));
+        const MatD A = at.pV - e.pV;  // (p̃ − p)·V   [nq, d]
+        const MatD AM = A * M_[j];
+        const double kl = (e.h - (e.Pq.array() * at.Zq.array()).rowwise().sum().matrix() + at.lse).sum();
+        total += wq * kl + wshift * (AM.array() * A.array()).sum();
+        if (dLdR && m > 0) {
+          // ∂/∂z̃_q: KL gives wq·(p̃ − p); the shift term gives p̃⊙(G·vᵀ − G·(p̃V)) with
+          // G = 2·wshift·A·M (softmax backward).
+          const MatD G = (2.0 * wshift) * AM;
+          const VecD dot = (G.array() * at.pV.array()).rowwise().sum();
+          const MatD gp = G * Vq_.middleRows(s.qrow, m).transpose();  // [nq, m]
+          const MatD dz = wq * (at.Pq - e.Pq) + (at.Pq.array() * (gp.colwise() - dot).array()).matrix();
+          GK.middleRows(s.qrow, m).noalias() += tau_ * dz.transpose() * e.Qw;
+        }
+      }
+    }
+    if (dLdR) *dLdR = rq.grad_R(Kc_, R, GK);
+    return total;
+  }
+
+  // p̃ restricted to the quantized columns under R_K, one [nq, m] block per
+  // (sequence, query head), sequence-major: what the V phase weighs ΔV by.
+  std::vector<MatD> quantized_probs(const MatD& R) const {
+    const RotatedQuant rq = RotatedQuant::forward(Kc_, R, spec_);
+    MatD Khat = rq.recon;
+    Khat.rowwise() += mu_.transpose();
+    std::vector<MatD> out;
+    std::size_t e_idx = 0;
+    for (const detail::SeqWin& s : win_)
+      for (int j = 0; j < g_; ++j, ++e_idx)
+        out.push_back(attend(exact_[e_idx], s, Khat.middleRows(s.qrow, s.qe - s.qb)).Pq);
+    return out;
+  }
+
+  const std::vector<detail::SeqWin>& windows() const { return win_; }
+  int query_total() const { return nq_total_; }
+
+ private:
+  // What the exact columns contribute, per (sequence, query head). Row i is query
+  // position len − nq + i; it sees tokens [0, len − nq + i].
+  struct Exact {
+    MatD Qw;    // [nq, d] queries
+    VecD c;     // [nq] max exact visible logit (0 when none is visible)
+    VecD sx;    // [nq] Σ_exact exp(z − c)
+    MatD Ex;    // [nq, d] Σ_exact exp(z − c)·v
+    VecD h;     // [nq] Σ p·log p − Σ_exact p·z
+    MatD Pq;    // [nq, m] exact p on the quantized columns (0 where masked)
+    MatD pV;    // [nq, d] exact p·V
+    MatD mask;  // [nq, m] 1 where the quantized column is visible
+  };
+  struct Attn {
+    MatD Zq;   // [nq, m] quantized-key logits (0 where masked)
+    MatD Pq;   // [nq, m] p̃ on quantized columns (0 where masked)
+    VecD lse;  // [nq] log-normalizer of p̃
+    MatD pV;   // [nq, d] p̃·V
+  };
+
+  static int visible(const detail::SeqWin& s, int i) { return s.len - s.nq + i + 1; }
+
+  Exact precompute(const HeadData& hd, const detail::SeqWin& s, int j) const {
+    Exact e;
+    const int m = s.qe - s.qb;
+    e.Qw = hd.Q[j].middleRows(s.begin + s.len - s.nq, s.nq);
+    const MatD Ks = hd.K.middleRows(s.begin, s.len), Vs = hd.V.middleRows(s.begin, s.len);
+    const MatD Z = tau_ * e.Qw * Ks.transpose();  // [nq, len]
+    e.c = VecD::Zero(s.nq);
+    e.sx = VecD::Zero(s.nq);
+    e.h = VecD::Zero(s.nq);
+    e.Ex = MatD::Zero(s.nq, d_);
+    e.Pq = MatD::Zero(s.nq, m);
+    e.mask = MatD::Zero(s.nq, m);
+    const MatD P = [&] {
+      MatD p = MatD::Zero(s.nq, s.len);
+      for (int i = 0; i < s.nq; ++i) {
+        const int n = visible(s, i);
+        const double mx = Z.row(i).head(n).maxCoeff();
+        p.row(i).head(n) = (Z.row(i).head(n).array() - mx).exp();
+        p.row(i) /= p.row(i).sum();
+      }
+      return p;
+    }();
+    e.pV = P * Vs;
+    for (int i = 0; i < s.nq; ++i) {
+      const int n = visible(s, i);
+      double c = -std::numeric_limits<double>::infinity();
+      for (int t = 0; t < n; ++t)
+        if (t < s.qb || t >= s.qe) c = std::max(c, Z(i, t));
+      if (!std::isfinite(c)) c = 0;  // no exact column visible: sx stays 0
+      e.c[i] = c;
+      for (int t = 0; t < n; ++t) {
+        const double pl = P(i, t) > 0 ? P(i, t) * std::log(P(i, t)) : 0.0;
+        e.h[i] += pl;
+        if (t >= s.qb && t < s.qe) {
+          e.Pq(i, t - s.qb) = P(i, t);
+          e.mask(i, t - s.qb) = 1;
+        } else {
+          const double w = std::exp(Z(i, t) - c);
+          e.sx[i] += w;
+          e.Ex.row(i) += w * Vs.row(t);
+          e.h[i] -= P(i, t) * Z(i, t);
+        }
+      }
+    }
+    return e;
+  }
+
+  // Attention with the quantized keys Khat_q [m, d] in the quantized columns.
+  Attn attend(const Exact& e, const detail::SeqWin& s, const Eigen::Ref<const MatD>& Khat_q) const {
+    const int m = s.qe - s.qb;
+    Attn a;
+    a.Zq = m > 0 ? MatD(tau_ * e.Qw * Khat_q.transpose()) : MatD::Zero(s.nq, 0);
+    a.Pq = MatD::Zero(s.nq, m);
+    a.lse = VecD::Zero(s.nq);
+    a.pV = MatD::Zero(s.nq, d_);
+    for (int i = 0; i < s.nq; ++i) {
+      const bool has_exact = e.sx[i] > 0;
+      double mx = has_exact ? e.c[i] : -std::numeric_limits<double>::infinity();
+      for (int t = 0; t < m; ++t)
+        if (e.mask(i, t) > 0) mx = std::max(mx, a.Zq(i, t));
+      double total = has_exact ? e.sx[i] * std::exp(e.c[i] - mx) : 0.0;
+      for (int t = 0; t < m; ++t)
+        if (e.mask(i, t) > 0) {
+          a.Pq(i, t) = std::exp(a.Zq(i, t) - mx);
+          total += a.Pq(i, t);
+        } else {
+          a.Zq(i, t) = 0;
+        }
+      a.lse[i] = mx + std::log(total);
+      a.Pq.row(i) /= total;
+      if (has_exact) a.pV.row(i) = std::exp(e.c[i] - a.lse[i]) * e.Ex.row(i);
+    }
+    if (m > 0) a.pV.noalias() += a.Pq * Vq_.middleRows(s.qrow, m);
+    return a;
+  }
+
+  VecD mu_;
+  QuantSpec spec_;
+  OptRConfig cfg_;
+  int d_ = 0, g_ = 0, m_ = 0, nq_total_ = 0;
+  double tau_ = 0, D_ = 1;
+  std::vector<detail::SeqWin> win_;
+  MatD Kc_, Vq_;  // [m, d] centered quantized keys, their values
+  std::vector<MatD> M_;
+  std::vector<Exact> exact_;
+};
+
+}  // namespace kvq::calib
