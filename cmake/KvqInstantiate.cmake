@@ -90,9 +90,9 @@ function(kvq_add_instantiations target)
 ")
   target_sources(${target} PRIVATE ${sources})
   # kvq needs C++20 (CMake 3.25 has no cuda_std_20 feature for nvcc 13, so the flag is
-  # passed directly); core host-device helpers call constexpr standard-library
-  # functions (std::numeric_limits) from device code.
+  # passed directly). Device code calls only KVQ_HOST_DEVICE functions, so no
+  # --expt-relaxed-constexpr is imposed on the consumer's translation units.
   set_source_files_properties(${sources} TARGET_DIRECTORY ${target} PROPERTIES
-    COMPILE_OPTIONS "-std=c++20;--expt-relaxed-constexpr")
+    COMPILE_OPTIONS "-std=c++20")
   target_include_directories(${target} PUBLIC $<BUILD_INTERFACE:${dir}/include>)
 endfunction()

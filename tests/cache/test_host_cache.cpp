@@ -112,4 +112,24 @@ TEST(HostCache, ErrorsAreClear) {
   EXPECT_THROW(c->append(nullptr, nullptr, 1), kvq::Error);
 }
 
+// attend()'s scratch, max_query_tokens·num_qo_heads·head_dim floats, is refused before
+// anything is allocated once it no longer fits an int.
+TEST(HostCache, QueryScratchBeyondIntIsRefused) {
+  kvq::HostCacheOptions o;
+  o.num_kv_heads = 1;
+  o.num_qo_heads = 1;
+  o.max_query_tokens = 1 << 24;  // · 128 = 2^31
+  try {
+    kvq::make_kv_cache<128>("K4V2", o);
+    FAIL() << "expected kvq::Error";
+  } catch (const kvq::Error& e) {
+    EXPECT_EQ(e.code(), kvq::StatusCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("head_dim"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(kvq::FullPrecisionKVCache<128>{o}, kvq::Error);
+  o.max_query_tokens = 64;
+  o.num_qo_heads = 1 << 20;  // 64·2^20·64 = 2^32 at head_dim 64
+  EXPECT_THROW(kvq::make_kv_cache<64>("K4V2", o), kvq::Error);
+}
+
 }  // namespace

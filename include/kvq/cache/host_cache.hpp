@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <new>
 #include <string>
@@ -86,7 +87,12 @@ inline void validate_options(const HostCacheOptions& o, int head_dim) {
   if (o.page_size < 1) fail("page_size must be >= 1");
   if (o.max_query_tokens < 1) fail("max_query_tokens must be >= 1");
   if (!std::isfinite(o.sm_scale)) fail("sm_scale must be finite");
-  (void)head_dim;
+  // attend() holds one call's max_query_tokens·num_qo_heads output rows of head_dim
+  // floats in preallocated scratch and counts them with int.
+  const long long rows = static_cast<long long>(o.max_query_tokens) * o.num_qo_heads;
+  if (head_dim < 1 || rows > std::numeric_limits<int>::max() / head_dim)
+    fail("max_query_tokens·num_qo_heads·head_dim (" + std::to_string(o.max_query_tokens) + "·" +
+         std::to_string(o.num_qo_heads) + "·" + std::to_string(head_dim) + ") must be < 2^31");
 }
 
 // Full-precision windows shared by both cache kinds: rows [n, Hkv, D] fp32.

@@ -10,10 +10,8 @@
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define KVQ_HOST_DEVICE __host__ __device__ inline
-#define KVQ_DEVICE __device__ inline
 #else
 #define KVQ_HOST_DEVICE inline
-#define KVQ_DEVICE inline
 #endif
 
 // True while compiling device code (the device pass of nvcc).

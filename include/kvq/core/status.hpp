@@ -38,7 +38,6 @@ class [[nodiscard]] Status {
  public:
   Status() = default;
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
-  static Status success() { return {}; }
 
   bool ok() const { return code_ == StatusCode::ok; }
   explicit operator bool() const { return ok(); }
