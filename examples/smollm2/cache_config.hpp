@@ -16,6 +16,7 @@
 
 #include "kvq/calib/artifact.hpp"
 #include "kvq/core/dispatch.hpp"
+#include "common.hpp"
 #include "model.hpp"
 #include "tokenizer.hpp"
 
@@ -275,6 +276,63 @@ inline std::vector<kvq::LayerParams> layer_params(const std::vector<std::string>
 
 inline bool any_centers_keys(const std::vector<std::string>& policy) {
   return std::any_of(policy.begin(), policy.end(), policy_centers_keys);
+}
+
+// One cache configuration a subcommand compares: per layer a policy and its parameters.
+struct Run {
+  std::string label;
+  std::vector<std::string> policy;       // [n_layers]
+  std::vector<kvq::LayerParams> params;  // [n_layers], filled by layer_params()
+  std::string tag;                       // artifact key of learned-rotation layers ("": by policy)
+  double bits = 32;                      // mean bits/element over layers
+  bool is_fp() const { return label == "fp32"; }
+};
+
+// fp32 first, then the `policies` entries (NAME or NAME@TAG; "fp32" is skipped), then one
+// run per per-layer table.
+inline std::vector<Run> make_runs(const std::string& policies, const std::vector<std::string>& tables, int n_layers,
+                                  int head_dim) {
+  std::vector<Run> runs;
+  auto add = [&](std::string label, std::vector<std::string> policy, std::string tag) {
+    Run r;
+    r.label = std::move(label);
+    r.policy = std::move(policy);
+    r.tag = std::move(tag);
+    r.bits = 0;
+    for (const auto& p : r.policy) r.bits += policy_bits(p, head_dim) / n_layers;
+    runs.push_back(std::move(r));
+  };
+  add("fp32", std::vector<std::string>(n_layers, "fp32"), "");
+  for (const auto& entry : split_csv(policies)) {
+    if (entry == "fp32") continue;
+    const auto at = entry.find('@');
+    require_policy_name(entry.substr(0, at));
+    add(entry, std::vector<std::string>(n_layers, entry.substr(0, at)), at == std::string::npos ? "" : entry.substr(at + 1));
+  }
+  for (const auto& path : tables)
+    add("table:" + std::filesystem::path(path).stem().string(), read_layer_table(path, n_layers), "");
+  return runs;
+}
+
+// Key means for the centered-key (_HC) layers when no span after an evaluated text is at
+// hand (generate, passkey), from the first source present: `calib_text` (its first
+// `calib_tokens` tokens through the fp32 cache), the μ_K of the one named artifact, or
+// `fallback` tokens (described by `fallback_name`). `source` says which.
+inline std::vector<kvq::LayerParams> resolve_key_means(const Model& m, const Tokenizer& tok, const std::string& calib_text,
+                                                       int calib_tokens, const Artifacts& artifacts,
+                                                       const std::vector<int>& fallback, const std::string& fallback_name,
+                                                       const CacheArgs& ca, std::string& source) {
+  constexpr int kChunk = 1024;  // fresh fp32 cache per chunk, as eval's key means
+  if (!calib_text.empty()) {
+    auto ids = encode_prefix(tok, read_text(calib_text), std::size_t(calib_tokens));
+    ids.resize(std::min<std::size_t>(ids.size(), std::size_t(calib_tokens)));
+    source = std::to_string(ids.size()) + " tokens of " + calib_text;
+    return key_means(m, ids, kChunk, ca);
+  }
+  if (!artifacts.empty()) return artifacts.key_means(&source);
+  source = fallback_name + " (" + std::to_string(fallback.size()) +
+           " tokens; --calib-text or --artifact give calibrated means)";
+  return key_means(m, fallback, kChunk, ca);
 }
 
 }  // namespace smollm2

@@ -4,11 +4,13 @@
 //   smollm2_eval eval --text wiki.test.raw --policies K2V2_R@a,K2V2_R@b --artifact a=A.safetensors
 //                     --artifact b=B.safetensors --layer-policies layers.csv   (kvq_calib outputs)
 //   smollm2_eval generate --prompt "What is the capital of France?" --chat --policy K4V2_H
+//   smollm2_eval generate --prompt "..." --policy K2V2_R --artifact optr.safetensors
+//   smollm2_eval passkey --lengths 2048,4096,8192 --trials 20 --policies K4V2_HC,K2V2_R --artifact optr.safetensors
 //   smollm2_eval capture --text wiki.test.raw --seq-len 448 --seqs 2 --layers 0,14,29 --out acts.safetensors
 //   smollm2_eval logits --prompt "The capital of France is" --out logits.f32
 //
-// Perplexity scores every token of a chunk but its first (non-overlapping chunks of
-// --ctx tokens, each with a fresh cache). KL(p_fp32 ‖ p_policy) and top-1 agreement are
+// Perplexity scores every token of a chunk but its first, or from --score-from on
+// (non-overlapping chunks of --ctx tokens, each with a fresh cache). KL(p_fp32 ‖ p_policy) and top-1 agreement are
 // measured against the fp32 cache on the same positions. Tokens go through the model in
 // blocks of --block (appended to the cache, then attended as the last --block queries),
 // so the sink/recent windows behave as in block-wise decoding.
@@ -22,6 +24,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 
 #include "cache_config.hpp"
@@ -65,16 +68,7 @@ struct EvalArgs {
   std::vector<std::string> artifacts;       // PATH (all *_R policies), POLICY=PATH or TAG=PATH
   std::vector<std::string> layer_policies;  // per-layer tables (kvq_calib allocate)
   int tokens = 8192, ctx = 1024, calib_tokens = 4096;
-};
-
-// One evaluated cache configuration: per layer a policy and its run-time parameters.
-struct Run {
-  std::string label;
-  std::vector<std::string> policy;       // [n_layers]
-  std::vector<kvq::LayerParams> params;  // [n_layers]
-  std::string tag;                       // artifact key of learned-rotation layers ("": by policy)
-  double bits = 32;                      // mean bits/element over layers
-  bool is_fp() const { return label == "fp32"; }
+  int score_from = 0;  // first scored position of each chunk (llama-perplexity: ctx/2)
 };
 
 int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& ca) {
@@ -86,27 +80,11 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
     throw kvq::Error(kvq::StatusCode::invalid_argument,
                      fmt::format("text has {} tokens, fewer than --tokens {}", all.size(), a.tokens));
   const std::vector<int> eval(all.begin(), all.begin() + a.tokens);
+  if (a.score_from + 1 >= a.ctx)
+    throw kvq::Error(kvq::StatusCode::invalid_argument,
+                     fmt::format("--score-from {} leaves nothing to score in chunks of {}", a.score_from, a.ctx));
 
-  // Runs: fp32 first, then the --policies entries (NAME or NAME@TAG), then the tables.
-  std::vector<Run> runs;
-  auto add_run = [&](std::string label, std::vector<std::string> policy, std::string tag) {
-    Run r;
-    r.label = std::move(label);
-    r.policy = std::move(policy);
-    r.tag = std::move(tag);
-    r.bits = 0;
-    for (const auto& p : r.policy) r.bits += policy_bits(p, m.cfg.head_dim) / n_layers;
-    runs.push_back(std::move(r));
-  };
-  add_run("fp32", std::vector<std::string>(n_layers, "fp32"), "");
-  for (const auto& entry : split_csv(a.policies)) {
-    if (entry == "fp32") continue;
-    const auto at = entry.find('@');
-    require_policy_name(entry.substr(0, at));
-    add_run(entry, std::vector<std::string>(n_layers, entry.substr(0, at)), at == std::string::npos ? "" : entry.substr(at + 1));
-  }
-  for (const auto& path : a.layer_policies)
-    add_run("table:" + std::filesystem::path(path).stem().string(), read_layer_table(path, n_layers), "");
+  std::vector<Run> runs = make_runs(a.policies, a.layer_policies, n_layers, m.cfg.head_dim);
 
   // Key means for centering presets: from the tokens that follow the evaluated ones.
   std::vector<kvq::LayerParams> means;
@@ -149,7 +127,7 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
         fp_logp.resize(a.ctx);
         fp_top.resize(a.ctx);
       }
-      for (int t = 0; t + 1 < a.ctx; ++t) {
+      for (int t = a.score_from; t + 1 < a.ctx; ++t) {
         smollm2::log_softmax(logits.row(t).data(), m.cfg.vocab, lp);
         A.nll -= lp[chunk[t + 1]];
         ++A.scored;
@@ -178,8 +156,8 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
   std::FILE* csv = a.csv.empty() ? nullptr : std::fopen(a.csv.c_str(), "w");
   if (!a.csv.empty() && !csv) throw kvq::Error(kvq::StatusCode::io_error, "cannot write '" + a.csv + "'");
   if (csv) fmt::print(csv, "policy,bits_per_element,cache_bytes_per_token,ppl,kl,kl_far,top1\n");
-  fmt::print("SmolLM2-135M, {} tokens of {} in {} chunks of {} (block {}, sink {}, recent {})\n", a.tokens, a.text,
-             n_chunks, a.ctx, ca.block, ca.sink, ca.recent);
+  fmt::print("SmolLM2-135M, {} tokens of {} in {} chunks of {}, positions >= {} scored (block {}, sink {}, recent {})\n",
+             n_chunks * a.ctx, a.text, n_chunks, a.ctx, a.score_from, ca.block, ca.sink, ca.recent);
   fmt::print("{:<16} {:>9} {:>12} {:>10} {:>11} {:>11} {:>8}\n", "policy", "bits/elem", "bytes/token", "ppl", "KL",
              "KL(t>=W)", "top1");
   for (std::size_t r = 0; r < runs.size(); ++r) {
@@ -200,22 +178,19 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
 
 // ---- generate -----------------------------------------------------------------------------
 
-// Which caches a single-configuration subcommand (generate) builds: one policy for every
-// layer or a per-layer table, learned rotations from artifacts, and key means for the
-// centering (_HC) layers from, in this order: --calib-text, the artifact's μ_K, or the
-// tokens the subcommand runs (the prompt) as the fallback.
-struct CacheChoice {
-  std::string policy = "fp32", layer_table, calib_text;
+// Where the caches' run-time parameters come from in subcommands that have no evaluated
+// span to take key means after (generate, passkey): learned rotations from artifacts,
+// and key means of the centering (_HC) layers from --calib-text, else the artifact's
+// μ_K, else the subcommand's own tokens (see resolve_key_means).
+struct ParamSources {
   std::vector<std::string> artifacts;
-  int calib_tokens = 4096, calib_ctx = 1024;
+  std::string calib_text;
+  int calib_tokens = 4096;
 
   void add_options(CLI::App* sub) {
-    sub->add_option("--policy", policy, "fp32 or a kvq preset name (K4V2, K2V2_HC, K2V2_R, ...)");
-    sub->add_option("--layer-policies", layer_table, "per-layer policy table (CSV from kvq_calib allocate) instead of --policy")
-        ->check(CLI::ExistingFile);
     sub->add_option("--artifact", artifacts,
                     "OptR artifact (kvq_calib optr): μ_K, R_K, R_V of learned-rotation presets, and μ_K for _HC "
-                    "presets; PATH or POLICY=PATH (repeatable)")
+                    "presets; PATH, POLICY=PATH or TAG=PATH (repeatable)")
         ->check([](const std::string& e) {
           const auto eq = e.find('=');
           const std::string path = eq == std::string::npos ? e : e.substr(eq + 1);
@@ -226,55 +201,49 @@ struct CacheChoice {
     sub->add_option("--calib-tokens", calib_tokens, "tokens of --calib-text used for key means")->check(CLI::PositiveNumber);
   }
 
-  // Per-layer policies and parameters; `own_tokens` is the fallback for key means.
-  // Says on stderr where every parameter came from.
-  std::vector<std::unique_ptr<kvq::KVCache>> make_caches(const Loaded& L, const std::vector<int>& own_tokens,
-                                                         const CacheArgs& ca) const {
+  // Fills every run's parameters and says on stderr where they came from.
+  void resolve(const Loaded& L, std::vector<Run>& runs, const std::vector<int>& fallback,
+               const std::string& fallback_name, const CacheArgs& ca) const {
     const Model& m = L.model;
-    const int n_layers = m.cfg.n_layers;
-    std::vector<std::string> layers;
-    if (!layer_table.empty()) {
-      layers = read_layer_table(layer_table, n_layers);
-      fmt::print(stderr, "policies: per layer from {}\n", layer_table);
-    } else {
-      require_policy_name(policy);
-      layers.assign(n_layers, policy);
-    }
-    Artifacts arts(artifacts, n_layers, m.cfg.head_dim);
+    Artifacts arts(artifacts, m.cfg.n_layers, m.cfg.head_dim);
     std::vector<kvq::LayerParams> means;
-    if (any_centers_keys(layers)) {
+    if (std::any_of(runs.begin(), runs.end(), [](const Run& r) { return any_centers_keys(r.policy); })) {
       std::string source;
-      if (!calib_text.empty()) {
-        const auto ids = encode_prefix(L.tok, read_text(calib_text), std::size_t(calib_tokens));
-        const std::vector<int> used(ids.begin(), ids.begin() + std::min<std::size_t>(ids.size(), calib_tokens));
-        means = key_means(m, used, calib_ctx, ca);
-        source = fmt::format("{} tokens of {}", used.size(), calib_text);
-      } else if (!arts.empty()) {
-        means = arts.key_means(&source);
-      } else {
-        means = key_means(m, own_tokens, calib_ctx, ca);
-        source = fmt::format("the prompt itself ({} tokens; --calib-text or --artifact give calibrated means)",
-                             own_tokens.size());
-      }
+      means = resolve_key_means(m, L.tok, calib_text, calib_tokens, arts, fallback, fallback_name, ca, source);
       fmt::print(stderr, "key means (centered-key layers): {}\n", source);
     }
-    for (const auto& p : layers)
-      if (policy_needs_artifact(p)) {
-        fmt::print(stderr, "learned rotations ({}): μ_K, R_K, R_V from {}\n", p, arts.path_for(p).empty() ? "?" : arts.path_for(p));
-      }
-    const auto params = layer_params(layers, "", arts, means);
-    return m.make_caches(layers, ca.options(), &params);
+    for (Run& run : runs) {
+      std::vector<std::string> learned;
+      for (const auto& p : run.policy)
+        if (policy_needs_artifact(p) && std::find(learned.begin(), learned.end(), p) == learned.end()) {
+          learned.push_back(p);
+          const std::string path = arts.path_for(p, run.tag);
+          fmt::print(stderr, "learned rotations ({}): μ_K, R_K, R_V from {}\n", p, path.empty() ? "(none named)" : path);
+        }
+      run.params = layer_params(run.policy, run.tag, arts, means);
+    }
   }
 };
 
 int cmd_generate(const std::string& model_path, const std::string& prompt, bool chat, int max_new,
-                 const CacheChoice& choice, const CacheArgs& ca) {
+                 const std::string& policy, const std::string& layer_table, const ParamSources& sources,
+                 const CacheArgs& ca) {
   auto L = load(model_path);
   const Model& m = L->model;
   const std::string text = chat ? chat_prompt(prompt) : prompt;
   const std::vector<int> ids = L->tok.encode(text, /*parse_special=*/true);
   if (ids.empty()) throw kvq::Error(kvq::StatusCode::invalid_argument, "empty prompt");
-  auto caches = choice.make_caches(*L, ids, ca);
+  std::vector<Run> runs;
+  if (!layer_table.empty()) {
+    runs = make_runs("", {layer_table}, m.cfg.n_layers, m.cfg.head_dim);
+    runs.erase(runs.begin());  // the fp32 reference run
+    fmt::print(stderr, "policies: per layer from {}\n", layer_table);
+  } else {
+    runs = make_runs(policy, {}, m.cfg.n_layers, m.cfg.head_dim);
+    if (policy != "fp32") runs.erase(runs.begin());
+  }
+  sources.resolve(*L, runs, ids, "the prompt itself", ca);
+  auto caches = m.make_caches(runs[0].policy, ca.options(), &runs[0].params);
   fmt::print("{}", text);
   std::fflush(stdout);
   const auto out = greedy_generate(m, ids, caches, max_new, ca.block, stop_ids(L->tok), [&](int id) {
@@ -285,10 +254,109 @@ int cmd_generate(const std::string& model_path, const std::string& prompt, bool 
   const int quantized = caches.front()->quantized_tokens();
   fmt::print(stderr, "{} prompt + {} generated tokens; {} of them in quantized pages (fp32 sink {} + recent {}){}\n",
              ids.size(), out.size(), quantized, ca.sink, ca.recent,
-             quantized == 0 && caches.front()->policy_name() != "fp32"
+             quantized == 0 && !runs[0].is_fp()
                  ? ": the whole context fits the fp32 windows, so no token was quantized — lower --sink/--recent to "
                    "quantize short contexts"
                  : "");
+  return 0;
+}
+
+// ---- passkey ------------------------------------------------------------------------------
+
+struct PasskeyArgs {
+  std::string policies = "fp32,K4V2_HC,K2V2_HC", lengths = "2048,4096,8192", csv;
+  std::vector<std::string> layer_policies;
+  int trials = 20, answer_tokens = 8;
+  unsigned seed = 1;
+};
+
+// One retrieval prompt: a 5-digit key at a random depth of repeated filler, then the
+// question (the passkey test of Mohtashami & Jaggi 2023, as LongLoRA and others run it).
+struct PasskeyPrompt {
+  std::vector<int> ids;
+  std::string key;
+  double depth = 0;
+};
+
+PasskeyPrompt make_passkey_prompt(const Tokenizer& tok, int target_tokens, std::mt19937& rng) {
+  static const std::string intro =
+      "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+      "I will quiz you about the important info there.\n";
+  static const std::string filler = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
+  static const std::string question = "\nWhat is the pass key? The pass key is";
+  PasskeyPrompt p;
+  p.key = std::to_string(std::uniform_int_distribution<int>(10000, 99999)(rng));
+  p.depth = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  const std::string needle = "\nThe pass key is " + p.key + ". Remember it. " + p.key + " is the pass key.\n";
+  const int fixed = static_cast<int>(tok.encode(intro + needle + question).size());
+  const int unit = static_cast<int>(tok.encode(filler).size());
+  const int n = std::max(1, (target_tokens - fixed) / unit);
+  const int before = static_cast<int>(std::lround(p.depth * n));
+  std::string text = intro;
+  for (int i = 0; i < before; ++i) text += filler;
+  text += needle;
+  for (int i = before; i < n; ++i) text += filler;
+  text += question;
+  p.ids = tok.encode(text);
+  return p;
+}
+
+// Accuracy of greedy retrieval per policy and length; every policy sees the same prompts.
+int cmd_passkey(const std::string& model_path, const PasskeyArgs& a, const ParamSources& sources, const CacheArgs& ca) {
+  auto L = load(model_path);
+  const Model& m = L->model;
+  std::vector<int> lengths;
+  for (const auto& s : split_csv(a.lengths)) {
+    const int n = std::stoi(s);
+    if (n < 64 || n > 32768) throw kvq::Error(kvq::StatusCode::invalid_argument, "--lengths must be in [64, 32768]");
+    lengths.push_back(n);
+  }
+  std::vector<Run> runs = make_runs(a.policies, a.layer_policies, m.cfg.n_layers, m.cfg.head_dim);
+  std::mt19937 haystack_rng(a.seed);
+  const auto haystack = make_passkey_prompt(L->tok, 2048, haystack_rng).ids;
+  sources.resolve(*L, runs, haystack, "a 2048-token passkey prompt", ca);
+
+  std::vector<std::vector<int>> hits(runs.size(), std::vector<int>(lengths.size(), 0));
+  const auto t_start = std::chrono::steady_clock::now();
+  for (std::size_t li = 0; li < lengths.size(); ++li) {
+    std::mt19937 rng(a.seed * 1000003u + static_cast<unsigned>(lengths[li]));
+    for (int trial = 0; trial < a.trials; ++trial) {
+      const PasskeyPrompt p = make_passkey_prompt(L->tok, lengths[li], rng);
+      for (std::size_t r = 0; r < runs.size(); ++r) {
+        auto caches = m.make_caches(runs[r].policy, ca.options(), &runs[r].params);
+        const auto out = greedy_generate(m, p.ids, caches, a.answer_tokens, ca.block, stop_ids(L->tok));
+        const std::string answer = L->tok.decode(out);
+        std::string digits;  // the first run of digits in the answer
+        for (char c : answer) {
+          if (std::isdigit(static_cast<unsigned char>(c))) digits += c;
+          else if (!digits.empty()) break;
+        }
+        const bool ok = digits == p.key;
+        hits[r][li] += ok;
+        fmt::print(stderr, "[{} tokens, trial {}/{}, depth {:.2f}] {:<10} key {} answer {:?} {} ({:.0f}s)\n", p.ids.size(),
+                   trial + 1, a.trials, p.depth, runs[r].label, p.key, answer, ok ? "ok" : "MISS", seconds_since(t_start));
+      }
+    }
+  }
+  std::FILE* csv = a.csv.empty() ? nullptr : std::fopen(a.csv.c_str(), "w");
+  if (!a.csv.empty() && !csv) throw kvq::Error(kvq::StatusCode::io_error, "cannot write '" + a.csv + "'");
+  if (csv) fmt::print(csv, "policy,bits_per_element,length,trials,correct,accuracy\n");
+  fmt::print("SmolLM2-135M passkey retrieval, {} trials per length (seed {}, sink {}, recent {}); accuracy\n", a.trials,
+             a.seed, ca.sink, ca.recent);
+  fmt::print("{:<16} {:>9}", "policy", "bits/elem");
+  for (int n : lengths) fmt::print(" {:>8}", n);
+  fmt::print("\n");
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    fmt::print("{:<16} {:>9.3f}", runs[r].label, runs[r].bits);
+    for (std::size_t li = 0; li < lengths.size(); ++li) {
+      fmt::print(" {:>8.2f}", double(hits[r][li]) / a.trials);
+      if (csv)
+        fmt::print(csv, "{},{:.4f},{},{},{},{:.4f}\n", runs[r].label, runs[r].bits, lengths[li], a.trials, hits[r][li],
+                   double(hits[r][li]) / a.trials);
+    }
+    fmt::print("\n");
+  }
+  if (csv) std::fclose(csv);
   return 0;
 }
 
@@ -429,6 +497,9 @@ int main(int argc, char** argv) {
   eval->add_option("--ctx", ea.ctx, "context length of each chunk")->check(CLI::Range(2, 8192));
   eval->add_option("--policies", ea.policies,
                    "comma-separated: fp32 and kvq preset names (K4V2, K4V2_H, K4V2_HC, K2V2_R@TAG, ...)");
+  eval->add_option("--score-from", ea.score_from,
+                   "score only positions >= N of each chunk (N = ctx/2 scores as llama.cpp's llama-perplexity)")
+      ->check(CLI::NonNegativeNumber);
   eval->add_option("--calib-tokens", ea.calib_tokens, "tokens after the evaluated span used for key means (*_HC presets)");
   eval->add_option("--csv", ea.csv, "also write the table as CSV");
   eval->add_option("--artifact", ea.artifacts,
@@ -441,12 +512,28 @@ int main(int argc, char** argv) {
   std::string prompt, policy = "fp32";
   int n_new = 48;
   bool chat = false;
-  CacheChoice choice;
+  std::string layer_table;
+  ParamSources gen_sources;
   auto* gen = app.add_subcommand("generate", "greedy generation");
   gen->add_option("--prompt", prompt, "prompt text")->required();
   gen->add_flag("--chat", chat, "wrap the prompt in the ChatML template");
   gen->add_option("-n,--max-new", n_new, "tokens to generate")->check(CLI::PositiveNumber);
-  choice.add_options(gen);
+  gen->add_option("--policy", policy, "fp32 or a kvq preset name (K4V2, K2V2_HC, K2V2_R, ...)");
+  gen->add_option("--layer-policies", layer_table, "per-layer policy table (CSV from kvq_calib allocate) instead of --policy")
+      ->check(CLI::ExistingFile);
+  gen_sources.add_options(gen);
+
+  PasskeyArgs pa;
+  ParamSources pk_sources;
+  auto* pk = app.add_subcommand("passkey", "passkey retrieval accuracy at long context, per policy (fp32 first)");
+  pk->add_option("--policies", pa.policies, "comma-separated: kvq preset names (K4V2_HC, K2V2_R@TAG, ...); fp32 always runs");
+  pk->add_option("--layer-policies", pa.layer_policies, "per-layer policy table (kvq_calib allocate), one more run (repeatable)")
+      ->check(CLI::ExistingFile);
+  pk->add_option("--lengths", pa.lengths, "comma-separated prompt lengths in tokens (the model's context is 8192)");
+  pk->add_option("--trials", pa.trials, "prompts per length (random key and depth)")->check(CLI::PositiveNumber);
+  pk->add_option("--seed", pa.seed, "seed of keys and depths");
+  pk->add_option("--csv", pa.csv, "also write the table as CSV");
+  pk_sources.add_options(pk);
 
   CaptureArgs cpa;
   auto* capc = app.add_subcommand("capture", "dump per-layer Q, K, V (post-RoPE) and W_O to safetensors (DESIGN §6 input)");
@@ -471,7 +558,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*eval) return cmd_eval(model_path, ea, ca);
-    if (*gen) return cmd_generate(model_path, prompt, chat, n_new, choice, ca);
+    if (*gen) return cmd_generate(model_path, prompt, chat, n_new, policy, layer_table, gen_sources, ca);
+    if (*pk) return cmd_passkey(model_path, pa, pk_sources, ca);
     if (*capc) return cmd_capture(model_path, cpa, ca);
     if (*lg) return cmd_logits(model_path, prompt, ids_arg, out, policy, ca);
   } catch (const kvq::Error& e) {
