@@ -102,7 +102,15 @@ TEST(HostCache, ErrorsAreClear) {
     EXPECT_EQ(e.code(), kvq::StatusCode::unsupported);
     EXPECT_NE(std::string(e.what()).find("K5V1"), std::string::npos);
   }
-  EXPECT_THROW(kvq::make_kv_cache<128>("K4V2_HC", o), kvq::Error);  // key_mean missing
+  try {  // key_mean missing: the message names the policy, the field, its size and its source
+    kvq::make_kv_cache<128>("K4V2_HC", o);
+    FAIL();
+  } catch (const kvq::Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.code(), kvq::StatusCode::invalid_argument);
+    for (const char* part : {"policy K4V2_HC centers keys", "key_mean must hold", "= 256 floats", "calibration"})
+      EXPECT_NE(m.find(part), std::string::npos) << part << " not in: " << m;
+  }
   kvq::LayerParams wrong;
   wrong.key_mean.assign(7, 0.f);
   EXPECT_THROW(kvq::make_kv_cache<128>("K4V2_HC", o, wrong), kvq::Error);

@@ -53,6 +53,8 @@ class KVCache {
   // appended positions (causal among themselves).
   virtual void attend(const float* q, int n_q, float* out, float* lse = nullptr) = 0;
   virtual int size() const = 0;
+  // Tokens held in quantized pages (the rest are in the fp32 windows).
+  virtual int quantized_tokens() const { return 0; }
   virtual void clear() = 0;
   // Bytes the cached K/V occupy (windows at fp32, quantized pages as packed).
   virtual std::size_t bytes() const = 0;
@@ -124,15 +126,23 @@ class HostKVCache final : public KVCache {
       : opt_(options), params_(std::move(params)), name_(name) {
     detail::validate_options(opt_, D);
     const std::size_t hkv = opt_.num_kv_heads;
-    auto check = [&](const std::vector<float>& v, bool needed, std::size_t n, const char* what) {
+    // A missing parameter names what the policy does and where the values come from.
+    const std::string policy = name_.empty() ? std::string("the policy") : "policy " + name_;
+    auto check = [&](const std::vector<float>& v, bool needed, std::size_t n, const char* what, const char* why,
+                     const char* shape) {
       if (needed && v.size() != n)
-        throw Error(StatusCode::invalid_argument, std::string("host cache: ") + what + " has " + std::to_string(v.size()) +
-                                                      " floats, the policy needs " + std::to_string(n));
+        throw Error(StatusCode::invalid_argument,
+                    "host cache: " + policy + " " + why + ", so LayerParams::" + what + " must hold " + shape + " = " +
+                        std::to_string(n) + " floats; it has " + std::to_string(v.size()) +
+                        ". They come from calibration: an OptR artifact (kvq::calib::layer_params), or for means "
+                        "the per-head mean of cached rows over calibration text");
     };
-    check(params_.key_mean, P.key.centered, hkv * D, "key_mean");
-    check(params_.key_rotation, P.key.rotation == Rotation::dense, hkv * D * D, "key_rotation");
-    check(params_.value_mean, P.value.centered, hkv * D, "value_mean");
-    check(params_.value_rotation, P.value.rotation == Rotation::dense, hkv * D * D, "value_rotation");
+    check(params_.key_mean, P.key.centered, hkv * D, "key_mean", "centers keys", "num_kv_heads·head_dim");
+    check(params_.key_rotation, P.key.rotation == Rotation::dense, hkv * D * D, "key_rotation",
+          "rotates keys by a learned matrix", "num_kv_heads·head_dim²");
+    check(params_.value_mean, P.value.centered, hkv * D, "value_mean", "centers values", "num_kv_heads·head_dim");
+    check(params_.value_rotation, P.value.rotation == Rotation::dense, hkv * D * D, "value_rotation",
+          "rotates values by a learned matrix", "num_kv_heads·head_dim²");
     layout_ = PageLayout<P>{opt_.page_size, opt_.num_kv_heads};
     const std::size_t rows = std::size_t(opt_.max_query_tokens) * opt_.num_qo_heads;
     part_out_.resize(rows * D);
@@ -178,7 +188,7 @@ class HostKVCache final : public KVCache {
   }
 
   int size() const override { return sink_.len + quantized_len_ + recent_.len; }
-  int quantized_tokens() const { return quantized_len_; }
+  int quantized_tokens() const override { return quantized_len_; }
   int sink_size() const { return sink_.len; }
   int recent_size() const { return recent_.len; }
 
