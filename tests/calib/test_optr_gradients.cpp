@@ -1,6 +1,8 @@
-// STE gradients of both OptR phases against central finite differences of the
-// frozen-residual surrogate f(A) = g(((X−μ)·R(A) + r)·R(A)ᵀ + μ), r = Q(X₀) − X₀
-// fixed at the base point (DESIGN §6.3), for both shipped parameterizations.
+// STE gradients of both OptR phases against central finite differences of the frozen
+// surrogate of DESIGN §6.3 (clip mask and threshold, the groups' extreme elements and the
+// rounding residuals δ fixed at the base point), for both shipped parameterizations; and
+// the estimator itself on single groups with a clipped element, ties at the minimum and
+// maximum, and a constant group.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -43,11 +45,11 @@ template <class Phase>
 std::pair<double, double> fd_errors(const Phase& ph, const MatD& R0, const MatD& A0) {
   const int d = static_cast<int>(R0.rows());
   const MatD Rb = rotation_from_generator(R0, A0);
-  const MatD r = ph.residual(Rb);
+  const QuantSte frozen = ph.freeze(Rb);
   MatD dR;
   ph.loss(Rb, &dR);  // STE gradient at the base point
   const MatD gA = generator_gradient(R0, A0, dR);
-  auto f = [&](const MatD& A) { return ph.loss(rotation_from_generator(R0, A), nullptr, &r); };
+  auto f = [&](const MatD& A) { return ph.loss(rotation_from_generator(R0, A), nullptr, &frozen); };
   const double h = 1e-5;
   double dir_err = 0;
   for (unsigned s = 0; s < 3; ++s) {
@@ -68,7 +70,7 @@ std::pair<double, double> fd_errors(const Phase& ph, const MatD& R0, const MatD&
   return {dir_err, coord_err};
 }
 
-TEST(OptRGradients, KPhaseExpMapMatchesFrozenResidualFD) {
+TEST(OptRGradients, KPhaseExpMapMatchesFrozenSurrogateFD) {
   Fixture F;
   const KPhase kp(F.hd, F.mu, F.kspec, F.cfg);
   const MatD R0 = hadamard_rotation(16);
@@ -79,7 +81,7 @@ TEST(OptRGradients, KPhaseExpMapMatchesFrozenResidualFD) {
   EXPECT_LT(coord, 1e-4);
 }
 
-TEST(OptRGradients, VPhaseExpMapMatchesFrozenResidualFD) {
+TEST(OptRGradients, VPhaseExpMapMatchesFrozenSurrogateFD) {
   Fixture F;
   const KPhase kp(F.hd, F.mu, F.kspec, F.cfg);
   const MatD RK = rotation_from_generator(hadamard_rotation(16), random_matrix(16, 0.05, 2));
@@ -92,7 +94,7 @@ TEST(OptRGradients, VPhaseExpMapMatchesFrozenResidualFD) {
 }
 
 // Riemannian parameterization: the gradient is taken at the current point R (A = 0).
-TEST(OptRGradients, RiemannianMatchesFrozenResidualFD) {
+TEST(OptRGradients, RiemannianMatchesFrozenSurrogateFD) {
   Fixture F;
   const KPhase kp(F.hd, F.mu, F.kspec, F.cfg);
   const MatD Rcur = rotation_from_generator(hadamard_rotation(16), random_matrix(16, 0.2, 4));
@@ -117,6 +119,88 @@ TEST(OptRGradients, ShortSequencesAreRejected) {
   F.cfg.prefix = 30;
   F.cfg.recent = 30;
   EXPECT_THROW(KPhase(F.hd, F.mu, F.kspec, F.cfg), kvq::Error);
+}
+
+}  // namespace
+
+namespace {
+
+// One row of 16 elements = one 2-bit group, the identity rotation, and L = Σ C⊙X̂.
+struct GroupCase {
+  kvq::QuantSpec spec{2, 16, kvq::Rotation::dense, false, 1000, kvq::MetaType::fp16, 0};
+  MatD Y = MatD(1, 16);
+  MatD C = random_matrix(16, 1.0, 77).topRows(1);
+  void fill(unsigned seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<double> U(-1, 1);
+    for (int i = 0; i < 16; ++i) Y(0, i) = U(rng);
+  }
+  // The estimator's ∂L/∂Y; checks on the way that its surrogate reproduces the quantizer
+  // at Y and is what backward() differentiates (central FD, coordinate by coordinate).
+  MatD grad() const {
+    const RotatedQuant rq = RotatedQuant::forward(Y, MatD::Identity(16, 16), spec);
+    const MatD at_y = RotatedQuant::surrogate(Y, rq.ste);
+    EXPECT_LT((at_y - rq.Xhat).cwiseAbs().maxCoeff(), 1e-12) << "surrogate ≠ quantizer at the base point";
+    const MatD g = RotatedQuant::backward(C, rq.ste);
+    for (int i = 0; i < 16; ++i) {
+      MatD Yp = Y, Ym = Y;
+      Yp(0, i) += 1e-6;
+      Ym(0, i) -= 1e-6;
+      const double fd = ((C.array() * (RotatedQuant::surrogate(Yp, rq.ste) - RotatedQuant::surrogate(Ym, rq.ste)).array())
+                             .sum()) / 2e-6;
+      EXPECT_NEAR(fd, g(0, i), 1e-6 * (1 + std::abs(fd))) << "element " << i;
+    }
+    return g;
+  }
+};
+
+TEST(OptRGradients, EstimatorPassesInteriorElementsAndReachesTheExtremesThroughTheScale) {
+  GroupCase c;
+  c.fill(1);
+  const MatD g = c.grad();
+  Eigen::Index imax, imin;
+  c.Y.row(0).maxCoeff(&imax);
+  c.Y.row(0).minCoeff(&imin);
+  for (int i = 0; i < 16; ++i)
+    if (i != imax && i != imin) {
+      EXPECT_DOUBLE_EQ(g(0, i), c.C(0, i)) << "interior element " << i << " passes straight";
+    }
+  // Σ over the group of ∂/∂y is C summed: the scale's terms cancel between hi and lo.
+  EXPECT_NEAR(g.sum(), c.C.sum(), 1e-12);
+  EXPECT_GT(std::abs(g(0, imax) - c.C(0, imax)), 1e-6) << "the maximum gets a gradient through the scale";
+}
+
+TEST(OptRGradients, EstimatorGivesAClippedElementNoGradient) {
+  GroupCase c;
+  c.spec.clip_permille = 920;  // rank 14 of 16: the largest |y| is clipped
+  c.fill(2);
+  c.Y(0, 5) = 4.0;  // the outlier, clipped to t
+  const MatD g = c.grad();
+  EXPECT_EQ(g(0, 5), 0.0);
+  // The maximum is now the pinned t: it is frozen, so the positive extreme carries no
+  // range gradient; the minimum still does.
+  Eigen::Index imin;
+  c.Y.row(0).minCoeff(&imin);
+  EXPECT_GT(std::abs(g(0, imin) - c.C(0, imin)), 1e-6);
+}
+
+TEST(OptRGradients, EstimatorSplitsTiesAtTheExtremes) {
+  GroupCase c;
+  c.fill(3);
+  c.Y(0, 2) = c.Y(0, 9) = 1.5;    // tie at the maximum
+  c.Y(0, 4) = c.Y(0, 11) = -1.5;  // tie at the minimum
+  const MatD g = c.grad();
+  const double tie_share = (g(0, 2) - c.C(0, 2)) + (g(0, 9) - c.C(0, 9));
+  EXPECT_NEAR(g(0, 2) - c.C(0, 2), g(0, 9) - c.C(0, 9), 1e-12) << "ties share evenly";
+  EXPECT_GT(std::abs(tie_share), 1e-6);
+  EXPECT_NEAR(g(0, 4) - c.C(0, 4), g(0, 11) - c.C(0, 11), 1e-12);
+}
+
+TEST(OptRGradients, EstimatorIsTheIdentityOnAConstantGroup) {
+  GroupCase c;
+  c.Y.setConstant(0.25);
+  const MatD g = c.grad();
+  for (int i = 0; i < 16; ++i) EXPECT_DOUBLE_EQ(g(0, i), c.C(0, i));
 }
 
 }  // namespace

@@ -79,10 +79,12 @@ TEST(OptRReal, LowersHeldOutLossesOnSmolLM2) {
   if (!std::filesystem::exists(kFixture)) GTEST_SKIP() << "fixture missing: " << kFixture;
   const OptRConfig cfg;  // DESIGN §6.3 defaults
   const Outcome o = run(cfg);
-  // Measured (2026-11-30, identity STE): plain Release K 0.775, V 0.810, end to end 0.581
-  // (9/9 heads lowered end to end); with -march=native K 0.764, V 0.833, end to end 0.617
-  // (8/9). The ISA changes Eigen's summation order, and 80 steps through a rounding
-  // quantizer amplify that into other trajectories (DESIGN §6.3 asks for ~1e-6; not yet). The head counts are
+  // Measured (2026-11-30), plain Release: with the §6.3 estimator K 0.686, V 0.754, end to
+  // end 0.622 (V 9/9 heads lowered, end to end 8/9); with the earlier identity estimator
+  // K 0.775, V 0.810, end to end 0.581 (V 7/9), and -march=native moved those to 0.764,
+  // 0.833, 0.617 (V 6/9): the ISA changes Eigen's summation order, and 80 steps through a
+  // rounding quantizer amplify that into other trajectories (DESIGN §6.3 asks for ~1e-6
+  // across ISA flags; not met yet). The head counts are
   // diagnostics (DESIGN §6.3): two V heads of nine find no rotation better than the base
   // on the one held-out sequence and keep it, and whether a third does depends on the
   // last bits of its loss, i.e. on compiler flags.

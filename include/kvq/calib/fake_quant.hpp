@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <limits>
 #include <span>
 #include <string>
 
@@ -49,6 +50,21 @@ inline void check_spec(const QuantSpec& s, int d) {
     throw Error(StatusCode::invalid_argument, "calib: clip_permille must be in [1, 1000]");
 }
 
+// The clip threshold t of one finite group (the ⌊cG⌋-th smallest |x|, DESIGN §2), or +∞
+// when the spec does not clip this group. Elements with x > t or x < −t are clipped.
+//   x : [s.group] fp32, s.group in [1, 256]
+inline float clip_threshold(const QuantSpec& s, const float* x) {
+  const int G = s.group;
+  const int rank = clip_rank(G, s.clip_permille);
+  if (!s.clips() || rank >= G - 1) return std::numeric_limits<float>::infinity();
+  // The k-th smallest |x| is a unique value, so selection by nth_element (O(G)) gives
+  // exactly what the O(G²) rank counting of kth_smallest_abs gives.
+  float a[256];
+  for (int i = 0; i < G; ++i) a[i] = x[i] < 0.f ? -x[i] : x[i];
+  std::nth_element(a, a + rank, a + G);
+  return a[rank];
+}
+
 // Quantizes then dequantizes one group: out[i] = x̂_i.
 //   x, out : [s.group] fp32 (may alias)
 inline void fake_quant_group(const QuantSpec& s, const float* x, float* out) {
@@ -62,22 +78,8 @@ inline void fake_quant_group(const QuantSpec& s, const float* x, float* out) {
     for (int i = 0; i < G; ++i) out[i] = dequantize_value(0u, nan, nan);  // DESIGN §2: non-finite groups dequantize to NaN
     return;
   }
-  const int rank = clip_rank(G, s.clip_permille);
-  const bool clip = s.clips() && rank < G - 1;
-  // The k-th smallest |x| is a unique value, so selection by nth_element (O(G)) gives
-  // exactly what the O(G²) rank counting of kth_smallest_abs gives.
-  float t = 0.f;
-  if (clip) {
-    float a[256];
-    for (int i = 0; i < G; ++i) a[i] = x[i] < 0.f ? -x[i] : x[i];
-    std::nth_element(a, a + rank, a + G);
-    t = a[rank];
-  }
-  auto clipped = [&](int i) {
-    float v = x[i];
-    if (clip) v = v > t ? t : (v < -t ? -t : v);
-    return v;
-  };
+  const float t = clip_threshold(s, x);
+  auto clipped = [&](int i) { return x[i] > t ? t : (x[i] < -t ? -t : x[i]); };
   float lo = clipped(0), hi = lo;
   for (int i = 1; i < G; ++i) {
     const float v = clipped(i);

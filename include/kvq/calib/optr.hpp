@@ -5,10 +5,11 @@
 // values (keys quantized with the chosen R_K). Only the tokens that deployment
 // quantizes are quantized here: per sequence, the first `prefix` and last `recent`
 // tokens stay exact, and the loss is measured on the last `qwin` query positions
-// under a causal mask. Rounding uses the straight-through estimator; gradients are
-// hand-written and equal the exact gradient of the frozen-residual surrogate
-// f(R) = g(((X−μ)·R + r)·Rᵀ + μ) with r = Q(X₀) − X₀ fixed (tests/calib checks that
-// against finite differences).
+// under a causal mask. Rounding uses the straight-through estimator of DESIGN §6.3
+// (clip threshold frozen, gradient to the group's extremes through the scale, rounding
+// residual δ held; optr/rotated_quant.hpp); gradients are hand-written and equal the
+// exact gradient of its frozen surrogate (tests/calib checks that against finite
+// differences).
 //
 // Shapes: keys/values of one head [L, d]; W_O slice of query head j [D, d];
 // M_j = W_jᵀ·W_j [d, d] turns squared post-W_O norms into d×d quadratic forms,
@@ -18,7 +19,7 @@
 // The pieces, one concept per header:
 #include "kvq/calib/optr/config.hpp"         // OptRConfig, BaseKind, Parameterization
 #include "kvq/calib/optr/windows.hpp"        // exact/quantized rows of each sequence
-#include "kvq/calib/optr/rotated_quant.hpp"  // Q(X·R)·Rᵀ and its straight-through gradient
+#include "kvq/calib/optr/rotated_quant.hpp"  // Q(X·R)·Rᵀ and its straight-through estimator
 #include "kvq/calib/optr/k_phase.hpp"        // K-phase loss and gradient
 #include "kvq/calib/optr/v_phase.hpp"        // V-phase loss and gradient
 #include "kvq/calib/optr/adam.hpp"           // optimize_rotation: Adam + held-out selection

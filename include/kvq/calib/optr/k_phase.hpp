@@ -52,11 +52,12 @@ class KPhase {
 
   int quantized_rows() const { return m_; }
   const MatD& centered_rows() const { return Kc_; }
-  MatD residual(const MatD& R) const { return RotatedQuant::residual(Kc_, R, spec_); }
+  // The estimator frozen at R: `loss(·, ·, &frozen)` is then the surrogate of DESIGN §6.3.
+  QuantSte freeze(const MatD& R) const { return RotatedQuant::freeze(Kc_, R, spec_); }
 
-  // Loss at R_K; with dLdR the STE gradient ∂L/∂R_K. A frozen residual [m, d] replaces
-  // the quantizer (the surrogate whose exact gradient the STE gradient equals).
-  double loss(const MatD& R, MatD* dLdR = nullptr, const MatD* frozen = nullptr) const {
+  // Loss at R_K; with dLdR the STE gradient ∂L/∂R_K. A frozen estimator replaces the
+  // quantizer by its surrogate (whose exact gradient the STE gradient equals).
+  double loss(const MatD& R, MatD* dLdR = nullptr, const QuantSte* frozen = nullptr) const {
     const RotatedQuant rq = RotatedQuant::forward(Kc_, R, spec_, frozen);
     MatD Khat = rq.recon;
     Khat.rowwise() += mu_.transpose();  // k̂ = x̂·Rᵀ + μ

@@ -34,9 +34,10 @@ class VPhase {
     w_ = 1.0 / (g_ * static_cast<double>(kphase.query_total()) * static_cast<double>(hd.W[0].rows()));
   }
 
-  MatD residual(const MatD& R) const { return RotatedQuant::residual(Vc_, R, spec_); }
+  // The estimator frozen at R: `loss(·, ·, &frozen)` is then the surrogate of DESIGN §6.3.
+  QuantSte freeze(const MatD& R) const { return RotatedQuant::freeze(Vc_, R, spec_); }
 
-  double loss(const MatD& R, MatD* dLdR = nullptr, const MatD* frozen = nullptr) const {
+  double loss(const MatD& R, MatD* dLdR = nullptr, const QuantSte* frozen = nullptr) const {
     const RotatedQuant rq = RotatedQuant::forward(Vc_, R, spec_, frozen);
     const MatD dV = rq.recon - Vc_;  // ΔV on the quantized rows   [m, d]
     MatD G;
