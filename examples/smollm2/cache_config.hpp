@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvq/cache/host_cache.hpp"
 #include "kvq/calib/artifact.hpp"
 #include "kvq/core/dispatch.hpp"
 #include "common.hpp"
