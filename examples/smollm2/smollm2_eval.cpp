@@ -424,8 +424,8 @@ int cmd_capture(const std::string& model_path, const CaptureArgs& a, const Cache
     layer_list += (layer_list.empty() ? "" : ",") + std::to_string(l);
   }
   auto w = kvq::calib::activations_writer(acts, dt);
-  for (int l : chosen)
-    if (a.save_kv_weights) {  // [Hkv·d, D] (GGUF row order) for the norm-disparity report
+  if (a.save_kv_weights)  // [Hkv·d, D] (GGUF row order) for the norm-disparity report
+    for (int l : chosen) {
       const std::string p = "layers." + std::to_string(l) + ".";
       const RowMat& wk = m.layers[l].wk;
       const RowMat& wv = m.layers[l].wv;

@@ -65,20 +65,23 @@ inline float clip_threshold(const QuantSpec& s, const float* x) {
   return a[rank];
 }
 
-// Quantizes then dequantizes one group: out[i] = x̂_i.
+// Quantizes then dequantizes one group: out[i] = x̂_i. `threshold`, if given, receives the
+// clip threshold used (+∞ when nothing is clipped or the group is non-finite).
 //   x, out : [s.group] fp32 (may alias)
-inline void fake_quant_group(const QuantSpec& s, const float* x, float* out) {
+inline void fake_quant_group(const QuantSpec& s, const float* x, float* out, float* threshold = nullptr) {
   const int G = s.group;
   if (G <= 0 || G > 256) throw Error(StatusCode::invalid_argument, "calib: group must be in [1, 256]");
   const int levels = (1 << s.bits) - 1;
   bool finite = true;
   for (int i = 0; i < G; ++i) finite = finite && is_finite_f(x[i]);
+  if (threshold) *threshold = std::numeric_limits<float>::infinity();
   if (!finite) {
     const float nan = detail::meta_roundtrip(s.meta, bits_float(0x7fc00000u));
     for (int i = 0; i < G; ++i) out[i] = dequantize_value(0u, nan, nan);  // DESIGN §2: non-finite groups dequantize to NaN
     return;
   }
   const float t = clip_threshold(s, x);
+  if (threshold) *threshold = t;
   auto clipped = [&](int i) { return x[i] > t ? t : (x[i] < -t ? -t : x[i]); };
   float lo = clipped(0), hi = lo;
   for (int i = 1; i < G; ++i) {

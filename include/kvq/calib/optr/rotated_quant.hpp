@@ -99,6 +99,7 @@ struct RotatedQuant {
   // (fake_quant_row, bit-identical to the cache's dequantized values).
   static QuantSte estimator(const MatD& Y, const QuantSpec& spec, MatD* xhat) {
     const int d = static_cast<int>(Y.cols()), G = spec.group;
+    if (G <= 0 || d % G != 0) throw Error(StatusCode::invalid_argument, "calib: group must divide d");
     QuantSte e;
     e.levels = (1 << spec.bits) - 1;
     e.group = G;
@@ -111,10 +112,10 @@ struct RotatedQuant {
     std::vector<float> yf(d), xq(d);
     for (Eigen::Index i = 0; i < Y.rows(); ++i) {
       for (int c = 0; c < d; ++c) yf[c] = static_cast<float>(Y(i, c));
-      fake_quant_row(spec, yf.data(), xq.data(), d);
-      for (int c = 0; c < d; ++c) (*xhat)(i, c) = xq[c];
       for (int g0 = 0; g0 < d; g0 += G) {
-        const float t = clip_threshold(spec, yf.data() + g0);
+        float t;  // the quantizer's own clip threshold for this group
+        fake_quant_group(spec, yf.data() + g0, xq.data() + g0, &t);
+        for (int k = 0; k < G; ++k) (*xhat)(i, g0 + k) = xq[g0 + k];
         float hi = -std::numeric_limits<float>::infinity(), lo = std::numeric_limits<float>::infinity();
         for (int k = 0; k < G; ++k) {
           const float v = yf[g0 + k];
@@ -152,7 +153,7 @@ struct RotatedQuant {
             if (vc == lo && !lo_pinned) w -= 1.0 / n_lo;
           }
           e.range_weight(i, g0 + k) = w;
-          weighted += w * (pass ? Y(i, g0 + k) : vc);
+          weighted += w * Y(i, g0 + k);  // w ≠ 0 only where the element passes
         }
         e.range_offset(i, g0 / G) = range0 - weighted;
         const double s = range0 / e.levels;
