@@ -192,7 +192,7 @@ BENCHMARK(BM_Fwht<256>);
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::AddCustomContext("kvq_cpu_float_lanes", std::to_string(kvq::detail::kNativeFloatLanes));
+  benchmark::AddCustomContext("kvq_cpu_float_lanes", std::to_string(kvq::cpu::kNativeFloatLanes));
 #if defined(__F16C__)
   benchmark::AddCustomContext("kvq_f16c", "yes");
 #else

@@ -50,7 +50,7 @@ TEST(DecodeAttention, MatchesExactAttentionOverDequantizedCache) {
 TEST(DecodeAttention, RowAndTokenCountsOfTheCpuTiles) {
   using namespace kvq::presets;
   // Rows per pass 1 (MHA decode), 3, 13, 16 and 17 (two passes); lengths around the
-  // 32-token blocks and the 4-token sub-blocks of kvq/attention/tile.hpp.
+  // 32-token blocks and the 4-token sub-blocks of kvq/cpu/tile.hpp.
   check_against_reference<K4V2>(16, 2, 2, {1, 31, 32, 33, 97}, {1, 1, 1, 1, 1}, 21);
   check_against_reference<K2V2>(16, 1, 3, {6, 65}, {1, 1}, 22);
   check_against_reference<K2V4.with_head_dim(64)>(32, 1, 13, {130}, {1}, 23);

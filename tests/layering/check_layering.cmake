@@ -12,6 +12,9 @@
 #   kvq/cuda/launch/     kvq/attention/            engines include launch/api.hpp anywhere;
 #                                                  it must not pull in the CPU attention
 #   kvq/calib/           kvq/cache/                calibration does not need the host cache
+#   kvq/cpu/             kvq/attention/ except      the CPU pieces sit below the attention API
+#                        softmax.hpp, and cache/    that uses them
+#   kvq/cuda/            kvq/cpu/                   device code never sees host SIMD
 # and no GGUF reader is part of the library: no file under kvq/ is named *gguf* and none
 # includes one (GGUF is the SmolLM2 example's model format, examples/smollm2/).
 cmake_minimum_required(VERSION 3.24)
@@ -29,7 +32,9 @@ set(rules
   "kvq/cuda/kernel/@^kvq/cuda/launch/@"
   "kvq/cuda/traits/@^kvq/@^kvq/(core|cuda/traits)/"
   "kvq/cuda/launch/@^kvq/attention/@"
-  "kvq/calib/@^kvq/cache/@")
+  "kvq/calib/@^kvq/cache/@"
+  "kvq/cpu/@^kvq/(attention|cache)/@^kvq/attention/softmax.hpp$"
+  "kvq/cuda/@^kvq/cpu/@")
 
 file(GLOB_RECURSE files RELATIVE ${INCLUDE_DIR} ${INCLUDE_DIR}/kvq/*)
 set(violations "")

@@ -5,10 +5,10 @@
 //   logit_t = τ·Σ_g Σ_{i∈g} q'_i·(s_{t,g}·c_{t,i} + lo_{t,g})
 // which is DESIGN §4's on-code form τ·Σ_g [s·Σ q'c + lo·Σ q'] summed in another order.
 // On the CPU each block of 32 tokens is dequantized into an fp32 tile in L1 and goes
-// through the register-blocked tile products of kvq/attention/tile.hpp, the same ones
+// through the register-blocked tile products of kvq/cpu/tile.hpp, the same ones
 // the fp16 baseline uses (the CUDA kernels work on the codes directly). With
 // KeyScoring::int8_query the keys are instead scored on their codes with integer dot
-// products against a per-group int8 query (kvq/attention/query_int8.hpp). Values
+// products against a per-group int8 query (kvq/cpu/query_int8.hpp). Values
 // accumulate under an online softmax in fp32; then ô = acc/l, o = ô·R_Vᵀ + ν (unless
 // rotated_output), and lse = m + ln l + τ·(q·μ_K) so the part merges with un-centered
 // parts.
@@ -18,9 +18,9 @@
 #include <cmath>
 #include <type_traits>
 
-#include "kvq/attention/online.hpp"
+#include "kvq/cpu/online.hpp"
 #include "kvq/attention/params.hpp"
-#include "kvq/attention/query_int8.hpp"
+#include "kvq/cpu/query_int8.hpp"
 #include "kvq/attention/softmax.hpp"
 #include "kvq/core/packing.hpp"
 #include "kvq/core/quantizer.hpp"
@@ -35,7 +35,7 @@ enum class KeyScoring : std::uint8_t {
   fp32_tiles,  // keys dequantized into fp32 tiles: the reference, within 1e-5 of fp64
                // attention over K̂, V̂
   int8_query,  // integer dot products on the codes with a per-group int8 query
-               // (DESIGN §9, kvq/attention/query_int8.hpp): faster; q' is rounded to
+               // (DESIGN §9, kvq/cpu/query_int8.hpp): faster; q' is rounded to
                // 8 bits per key group
 };
 
@@ -46,22 +46,50 @@ struct CpuDecodeOptions {
 namespace detail {
 
 // One packed row → fp32 ŷ = s·c + lo in slab order. Byte j of every slab belongs to
-// group j / (G/per_byte), so the scale and offset of a slab position depend on the byte
-// only: they are spread over one [D/per_byte] row, then each slab is one full-width pass.
+// group j / (G/per_byte), so each group is one contiguous run of bytes in every slab,
+// with its scale and offset broadcast over the run.
+// Returns true when every ŷ is bounded by a finite Σ_g |s|·levels + |lo| (so is finite).
 template <int Bits, int G, int D, MetaType M>
-KVQ_FORCE_INLINE void dequantize_row_slabs(const std::uint8_t* KVQ_RESTRICT codes, const meta_storage_t<M>* meta,
+KVQ_FORCE_INLINE bool dequantize_row_slabs(const std::uint8_t* KVQ_RESTRICT codes, const meta_storage_t<M>* meta,
                                            float* KVQ_RESTRICT out) {
   constexpr int per_byte = 8 / Bits, bytes = D / per_byte, group_bytes = G / per_byte;
   constexpr unsigned mask = (1u << Bits) - 1u;
   static_assert(G % per_byte == 0 && D % 4 == 0);
-  alignas(64) float scale[bytes], offset[bytes];
+  float bound = 0.f;
   for (int g = 0; g < D / G; ++g) {
     const float s = MetaTraits<M>::decode(meta[2 * g]), lo = MetaTraits<M>::decode(meta[2 * g + 1]);
-    for (int j = 0; j < group_bytes; ++j) scale[g * group_bytes + j] = s, offset[g * group_bytes + j] = lo;
+    bound += std::abs(s) * float(mask) + std::abs(lo);
+    const std::uint8_t* group_codes = codes + g * group_bytes;
+    for (int k = 0; k < per_byte; ++k) {
+      float* dst = out + k * bytes + g * group_bytes;
+#if KVQ_GNU_HOST
+      // The widest vector (≥ 4 lanes) whose width divides the group's run of bytes.
+      constexpr int W = group_bytes % kNativeFloatLanes == 0 ? kNativeFloatLanes : (group_bytes % 8 == 0 ? 8 : 4);
+      if constexpr (group_bytes % W == 0) {
+        // W bytes → W floats with vector extensions (vpmovzxbd + vcvtdq2ps on x86). The
+        // shift runs on 16-bit words (x86 has no byte shift); the mask drops what crosses
+        // from the neighbouring byte.
+        using Bytes = typename GnuVec<std::uint8_t, W>::type;
+        using Words = typename GnuVec<std::uint16_t, W / 2>::type;
+        using Ints = typename GnuVec<std::int32_t, W>::type;  // widened in two steps: GCC
+                                                               // scalarizes u8 → float
+        const FloatVec<W> scale_vec = zero_vec<W>() + s, lo_vec = zero_vec<W>() + lo;
+        for (int j = 0; j < group_bytes; j += W) {
+          Words w;
+          std::memcpy(&w, group_codes + j, sizeof w);
+          w >>= k * Bits;
+          Bytes b;
+          std::memcpy(&b, &w, sizeof b);
+          b &= std::uint8_t(mask);
+          store_vec<W>(dst + j, scale_vec * __builtin_convertvector(__builtin_convertvector(b, Ints), FloatVec<W>) + lo_vec);
+        }
+        continue;
+      }
+#endif
+      for (int j = 0; j < group_bytes; ++j) dst[j] = s * float((unsigned(group_codes[j]) >> (k * Bits)) & mask) + lo;
+    }
   }
-  for (int k = 0; k < per_byte; ++k)
-    for (int j = 0; j < bytes; ++j)
-      out[k * bytes + j] = scale[j] * float((unsigned(codes[j]) >> (k * Bits)) & mask) + offset[j];
+  return bound - bound == 0.f;
 }
 
 // Keys and values of one sequence and KV head for attend_part.
@@ -80,41 +108,49 @@ struct QuantizedTileSource {
   void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) const {
     if constexpr (S == KeyScoring::fp32_tiles) {
       logits_from_tile<D>(q, padded_rows(rows), t0, n, tile, s, [&](int t, int count, float* out) {
-        for (int j = 0; j < count; ++j) {
-          const auto [page, slot] = locate(t + j);
+        table.for_each_slot(batch, t, count, [&](int j, int page, int slot) {
+          const std::byte* base = cache.page(page);
           dequantize_row_slabs<P.key.bits, P.key.group, D, P.key.meta>(
-              reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(page, head, slot)), key_meta(page, slot),
+              reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(base, head, slot)), key_meta(base, slot),
               out + j * D);
-        }
+        });
       });
     } else {
-      constexpr int NK = D / P.key.group;
-      float meta[2 * NK];  // {scale, lo} per group
-      for (int j = 0; j < n; ++j) {
-        const auto [page, slot] = locate(t0 + j);
-        const auto* stored = key_meta(page, slot);
-        for (int i = 0; i < 2 * NK; ++i) meta[i] = MetaTraits<P.key.meta>::decode(stored[i]);
-        q8->score(reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(page, head, slot)), meta, rows, &s[0][j],
-                  kTokensPerBlock);
-      }
+      const std::uint8_t* codes[kTokensPerBlock];
+      const meta_storage_t<P.key.meta>* meta[kTokensPerBlock];
+      table.for_each_slot(batch, t0, n, [&](int j, int page, int slot) {
+        const std::byte* base = cache.page(page);
+        codes[j] = reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(base, head, slot));
+        meta[j] = key_meta(base, slot);
+      });
+      q8->template score_block<P.key.meta>(n, codes, meta, rows, s);
     }
   }
-  void values(int t0, int n, float* tile) const {
-    for (int j = 0; j < n; ++j) {
-      const auto [page, slot] = locate(t0 + j);
-      dequantize_row_slabs<P.value.bits, P.value.group, D, P.value.meta>(
-          reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(page, head, slot)),
-          reinterpret_cast<const meta_storage_t<P.value.meta>*>(cache.layout.value_meta_bytes(page, head, slot)),
+  void prefetch(int t0, int n) const {
+    for_each_page_run(table, batch, t0, n, [&](int page, int slot, int count) {
+      const auto& L = cache.layout;
+      const std::byte* base = cache.page(page);
+      prefetch_bytes(L.key_codes(base, head, slot), count * L.kKeyCodeBytes);
+      prefetch_bytes(L.key_meta_bytes(base, head, slot), count * L.kKeyMetaBytes);
+      prefetch_bytes(L.value_codes(base, head, slot), count * L.kValueCodeBytes);
+      prefetch_bytes(L.value_meta_bytes(base, head, slot), count * L.kValueMetaBytes);
+    });
+  }
+  // Finite metadata with |s|·levels + |lo| finite bounds every |s·c + lo|, so the rows
+  // are finite without looking at them.
+  bool values(int t0, int n, float* tile) const {
+    bool finite = true;
+    table.for_each_slot(batch, t0, n, [&](int j, int page, int slot) {
+      const std::byte* base = cache.page(page);
+      finite &= dequantize_row_slabs<P.value.bits, P.value.group, D, P.value.meta>(
+          reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(base, head, slot)),
+          reinterpret_cast<const meta_storage_t<P.value.meta>*>(cache.layout.value_meta_bytes(base, head, slot)),
           tile + j * D);
-    }
+    });
+    return finite;
   }
 
  private:
-  struct Slot {
-    const std::byte* page;
-    int slot;
-  };
-  Slot locate(int t) const { return {cache.page(table.page_of(batch, t)), t % table.page_size}; }
   const meta_storage_t<P.key.meta>* key_meta(const std::byte* page, int slot) const {
     return reinterpret_cast<const meta_storage_t<P.key.meta>*>(cache.layout.key_meta_bytes(page, head, slot));
   }

@@ -1,6 +1,6 @@
 // kvq/attention/dense.hpp — full-precision decode attention (CPU), for the attention-
 // sink and recent windows and as the fp16 baseline of the benchmarks. It uses the same
-// online-softmax driver and GQA sharing as the quantized path (kvq/attention/online.hpp).
+// online-softmax driver and GQA sharing as the quantized path (kvq/cpu/online.hpp).
 //
 // Two key/value sources:
 //   ragged rows : k, v [kv_indptr[batch], Hkv, D] of T; sequence b owns rows
@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kvq/attention/online.hpp"
+#include "kvq/cpu/online.hpp"
 #include "kvq/attention/params.hpp"
 #include "kvq/attention/softmax.hpp"
 #include "kvq/layout/dense.hpp"
@@ -23,29 +23,35 @@ namespace kvq {
 namespace detail {
 
 // Keys and values of one sequence and KV head for attend_part: rows of T converted to
-// fp32 tiles (natural order). key_row(t) / value_row(t) return the [D] row of token t;
-// q is [padded_rows(rows)][D], × τ.
-template <int D, ActivationType T, class KeyRow, class ValueRow>
+// fp32 tiles (natural order). rows(t0, n, fn) calls fn(j, key_row, value_row) with the
+// [D] rows of tokens t0 + j, j < n; q is [padded_rows(rows)][D], × τ.
+template <int D, ActivationType T, class Rows>
 struct DenseTileSource {
-  KeyRow key_row;
-  ValueRow value_row;
+  Rows rows;
+  void prefetch(int t0, int n) const {
+    rows(t0, n, [&](int, const T* key, const T* value) {
+      prefetch_bytes(key, D * sizeof(T));
+      prefetch_bytes(value, D * sizeof(T));
+    });
+  }
   const float* q;
   int rows_padded;
   void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) const {
     logits_from_tile<D>(q, rows_padded, t0, n, tile, s, [&](int t, int count, float* out) {
-      for (int j = 0; j < count; ++j) convert_row<D>(key_row(t + j), out + j * D);
+      rows(t, count, [&](int j, const T* key, const T*) { convert_row<D>(key, out + j * D); });
     });
   }
-  void values(int t0, int n, float* tile) const {
-    for (int j = 0; j < n; ++j) convert_row<D>(value_row(t0 + j), tile + j * D);
+  bool values(int t0, int n, float* tile) const {
+    rows(t0, n, [&](int j, const T*, const T* value) { convert_row<D>(value, tile + j * D); });
+    return rows_are_finite<D>(tile, n);
   }
 };
 
-// Attention of every sequence and KV head; key_row(b, t, h) / value_row(b, t, h)
-// return the [D] row of T, seq_len(b) the part length.
-template <int D, ActivationType T, ActivationType QT, ActivationType OT, class SeqLen, class KeyRow, class ValueRow>
-void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& seq_len, KeyRow&& key_row,
-                  ValueRow&& value_row) {
+// Attention of every sequence and KV head; rows(b, h, t0, n, fn) calls
+// fn(j, key_row, value_row) with the [D] rows of T of tokens t0 + j, seq_len(b) is the
+// part length.
+template <int D, ActivationType T, ActivationType QT, ActivationType OT, class SeqLen, class Rows>
+void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& seq_len, Rows&& rows_of) {
   static_assert(D >= 8 && D % 8 == 0, "kvq: dense attention needs head_dim a multiple of 8");
   const int hq = p.num_qo_heads, group = hq / hkv;
   const float tau = p.scale(D);
@@ -58,11 +64,10 @@ void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& se
     const int len = seq_len(b);
     const int offset = p.causal_offset ? p.causal_offset[b] : len - nq;
     for (int h = 0; h < hkv; ++h) {
-      auto k_row = [&, b, h](int t) -> const T* { return key_row(b, t, h); };
-      auto v_row = [&, b, h](int t) -> const T* { return value_row(b, t, h); };
+      auto block_rows = [&, b, h](int t0, int n, auto&& fn) { rows_of(b, h, t0, n, fn); };
       for (int r0 = 0; r0 < nq * group; r0 += kMaxRowsPerPass) {
         const int rows = std::min(kMaxRowsPerPass, nq * group - r0);
-        DenseTileSource<D, T, decltype(k_row), decltype(v_row)> source{k_row, v_row, qs, padded_rows(rows)};
+        DenseTileSource<D, T, decltype(block_rows)> source{block_rows, qs, padded_rows(rows)};
         std::fill(qs, qs + padded_rows(rows) * D, 0.f);
         for (int rr = 0; rr < rows; ++rr) {
           const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
@@ -102,8 +107,12 @@ Status dense_attention(const T* keys, const T* values, const std::int32_t* kv_in
   const std::size_t hkv = num_kv_heads;
   detail::dense_decode<D, T>(
       batch, num_kv_heads, p, [&](int b) { return kv_indptr[b + 1] - kv_indptr[b]; },
-      [&](int b, int t, int h) { return keys + ((std::size_t(kv_indptr[b]) + t) * hkv + h) * D; },
-      [&](int b, int t, int h) { return values + ((std::size_t(kv_indptr[b]) + t) * hkv + h) * D; });
+      [&](int b, int h, int t0, int n, auto&& fn) {
+        for (int j = 0; j < n; ++j) {
+          const std::size_t row = ((std::size_t(kv_indptr[b]) + t0 + j) * hkv + h) * D;
+          fn(j, keys + row, values + row);
+        }
+      });
   return {};
 }
 
@@ -117,11 +126,14 @@ Status dense_paged_attention(const std::byte* pool, int num_pages, const DensePa
                 "dense attention: page table page_size differs from the layout's");
   KVQ_RETURN_IF_ERROR(validate_page_table(table, num_pages));
   KVQ_RETURN_IF_ERROR(validate_decode_params(p, table, layout.num_kv_heads));
-  auto page = [&](int b, int t) { return pool + layout.page_bytes() * std::size_t(table.page_of(b, t)); };
   detail::dense_decode<D, T>(
       table.batch_size, layout.num_kv_heads, p, [&](int b) { return table.seq_len(b); },
-      [&](int b, int t, int h) { return layout.key_row(page(b, t), h, t % table.page_size); },
-      [&](int b, int t, int h) { return layout.value_row(page(b, t), h, t % table.page_size); });
+      [&](int b, int h, int t0, int n, auto&& fn) {
+        table.for_each_slot(b, t0, n, [&](int j, int page_index, int slot) {
+          const std::byte* page = pool + layout.page_bytes() * std::size_t(page_index);
+          fn(j, layout.key_row(page, h, slot), layout.value_row(page, h, slot));
+        });
+      });
   return {};
 }
 

@@ -1,4 +1,4 @@
-// The CPU tile products and helpers of kvq/attention/tile.hpp against plain fp64 loops.
+// The CPU tile products and helpers of kvq/cpu/tile.hpp against plain fp64 loops.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "common/test_utils.hpp"
-#include "kvq/attention/tile.hpp"
+#include "kvq/cpu/tile.hpp"
 
 namespace {
 
@@ -85,13 +85,13 @@ TEST(CpuTile, ExpBlockIsWithinFourUlpOfExp) {
 
 TEST(CpuTile, RowIsFiniteAndConvertRow) {
   std::vector<float> row(128, 1.5f);
-  EXPECT_TRUE(kvq::detail::row_is_finite<128>(row.data()));
+  EXPECT_TRUE(kvq::detail::rows_are_finite<128>(row.data(), 1));
   row[77] = std::numeric_limits<float>::infinity();
-  EXPECT_FALSE(kvq::detail::row_is_finite<128>(row.data()));
+  EXPECT_FALSE(kvq::detail::rows_are_finite<128>(row.data(), 1));
   row[77] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_FALSE(kvq::detail::row_is_finite<128>(row.data()));
+  EXPECT_FALSE(kvq::detail::rows_are_finite<128>(row.data(), 1));
   row[77] = std::numeric_limits<float>::max();
-  EXPECT_TRUE(kvq::detail::row_is_finite<128>(row.data()));
+  EXPECT_TRUE(kvq::detail::rows_are_finite<128>(row.data(), 1));
 
   // Every fp16 and bf16 bit pattern converts exactly as the scalar conversion does.
   std::vector<kvq::half_t> h(64);

@@ -1,4 +1,4 @@
-// kvq/attention/online.hpp — the CPU online-softmax driver shared by the quantized
+// kvq/cpu/online.hpp — the CPU online-softmax driver shared by the quantized
 // and the full-precision attention, so both have the same engineering (DESIGN §9).
 //
 // A "part" is a run of `length` keys attended by `rows` query rows (the query heads of
@@ -11,7 +11,7 @@
 #include <algorithm>
 
 #include "kvq/attention/softmax.hpp"
-#include "kvq/attention/tile.hpp"
+#include "kvq/cpu/tile.hpp"
 #include "kvq/core/config.hpp"
 
 namespace kvq::detail {
@@ -23,7 +23,9 @@ constexpr int padded_rows(int rows) { return rows == 1 ? 1 : (rows + 3) / 4 * 4;
 //   row_limit[r]   : row r sees tokens t ≤ row_limit[r] (causal); < 0 sees none
 //   src.logits(t0, n, tile, s) : s[r][j] = τ·q_r·k̂_{t0+j} for r < rows, j < n (the
 //                                source holds the queries; tile is [kTokensPerBlock·D] scratch)
-//   src.values(t0, n, tile)    : tile[j·D + i] = v̂_{t0+j}[i] in the value order, j < n
+//   src.values(t0, n, tile)    : tile[j·D + i] = v̂_{t0+j}[i] in the value order, j < n;
+//                                false unless every element is known to be finite
+//   src.prefetch(t0, n)        : a hint that tokens t0 .. t0+n come next
 //   acc  : [padded_rows(rows)][D]; on return rows < `rows` hold Σ p·v̂ (unnormalized)
 //   m, l : [rows] running max (of τ·logits) and sum
 // A non-finite value row reaches only the rows whose weight for it is nonzero.
@@ -43,21 +45,18 @@ void attend_part(int length, int rows, const int* row_limit, float* acc, float* 
   alignas(64) float s[kMaxRowsPerPass][kTokensPerBlock];  // logits, then probability weights
   for (int t0 = 0; t0 < end; t0 += kTokensPerBlock) {
     const int n = std::min(kTokensPerBlock, end - t0);
+    if (t0 + kTokensPerBlock < end) src.prefetch(t0 + kTokensPerBlock, std::min(kTokensPerBlock, end - t0 - kTokensPerBlock));
     src.logits(t0, n, tile, s);
     // Mask, then one rescale per block and row.
     bool any = false;
     for (int r = 0; r < rows; ++r) {
       float* sr = s[r];
-      for (int j = std::max(0, row_limit[r] - t0 + 1); j < n; ++j) sr[j] = neg_inf_f();
-      float block_max = neg_inf_f();
-      bool nan = false;  // a NaN logit must poison the row even when it is the block's only visible one
-      for (int j = 0; j < n; ++j) {
-        block_max = std::max(block_max, sr[j]);
-        nan = nan || sr[j] != sr[j];
-      }
-      if (nan) block_max = __builtin_nanf("");
+      // Invisible tokens and the block's tail beyond n get −∞, so every row operation
+      // below runs over a whole block of fixed length.
+      for (int j = std::clamp(row_limit[r] - t0 + 1, 0, n); j < kTokensPerBlock; ++j) sr[j] = neg_inf_f();
+      const float block_max = block_max_of(sr);  // NaN when a logit is NaN: it must poison the row
       if (block_max == neg_inf_f()) {  // nothing visible in this block for row r
-        std::fill(sr, sr + n, 0.f);
+        std::fill(sr, sr + kTokensPerBlock, 0.f);
         continue;
       }
       const float m_new = std::max(m[r], block_max);
@@ -67,26 +66,23 @@ void attend_part(int length, int rows, const int* row_limit, float* acc, float* 
         for (int i = 0; i < D; ++i) acc[r * D + i] *= correction;
       }
       m[r] = m_new;
-      for (int j = 0; j < n; ++j) sr[j] -= m_new;
-      exp_block(sr, n);  // now the probability weights
-      float partial[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int j = 0; j < n; ++j) partial[j % 4] += sr[j];
-      const float block_sum = (partial[0] + partial[1]) + (partial[2] + partial[3]);
+      const float block_sum = exp_shifted_block(sr, m_new);  // now the probability weights
       l[r] += block_sum;
       any = any || block_sum != 0.f;
     }
     if (!any) continue;
-    for (int r = rows; r < rows_padded; ++r) std::fill(s[r], s[r] + n, 0.f);
-    src.values(t0, n, tile);
+    for (int r = rows; r < rows_padded; ++r) std::fill(s[r], s[r] + kTokensPerBlock, 0.f);
     // Zero weight never multiplies a NaN/Inf value: such a token goes to its rows with
     // nonzero weight alone, then leaves the tile.
-    for (int j = 0; j < n; ++j) {
-      float* v = tile + j * D;
-      if (row_is_finite<D>(v)) continue;
-      for (int r = 0; r < rows; ++r)
-        if (s[r][j] != 0.f)
-          for (int i = 0; i < D; ++i) acc[r * D + i] += s[r][j] * v[i];
-      std::fill(v, v + D, 0.f);
+    if (!src.values(t0, n, tile)) {
+      for (int j = 0; j < n; ++j) {
+        float* v = tile + j * D;
+        if (rows_are_finite<D>(v, 1)) continue;
+        for (int r = 0; r < rows; ++r)
+          if (s[r][j] != 0.f)
+            for (int i = 0; i < D; ++i) acc[r * D + i] += s[r][j] * v[i];
+        std::fill(v, v + D, 0.f);
+      }
     }
     tile_accumulate<D>(s, rows_padded, tile, n, acc);
   }

@@ -1,4 +1,4 @@
-// kvq/attention/query_int8.hpp — key scoring with integer dot products on the codes
+// kvq/cpu/query_int8.hpp — key scoring with integer dot products on the codes
 // for the CPU decode (DESIGN §9, KeyScoring::int8_query).
 //
 // The rotated query q' (already × τ) is quantized per key group g to int8, as llama.cpp's
@@ -23,12 +23,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kvq/attention/tile.hpp"
 #include "kvq/core/config.hpp"
-
-#if (defined(__AVX512VNNI__) || defined(__AVX2__)) && !defined(__CUDACC__)
-#include <immintrin.h>
-#endif
+#include "kvq/core/quantizer.hpp"
+#include "kvq/cpu/isa.hpp"
+#include "kvq/cpu/tile.hpp"
 
 namespace kvq::detail {
 
@@ -113,22 +111,59 @@ struct Int8Query {
   // meta: its decoded {scale, lo} pairs [2·kGroups].
   void score(const std::uint8_t* KVQ_RESTRICT codes, const float* meta, int rows, float* KVQ_RESTRICT logits,
              int stride) const {
+#if KVQ_CPU_AVX512_VNNI
     alignas(64) float s_lane[kAccLanes], lo_lane[kAccLanes];
+    spread_meta(meta, s_lane, lo_lane);
+    score_vnni(codes, s_lane, lo_lane, rows, logits, stride);
+#else
+    alignas(64) float s_lane[kAccLanes], lo_lane[kAccLanes];
+    spread_meta(meta, s_lane, lo_lane);
+    alignas(64) std::uint8_t unpacked[D];
+    unpack_codes_slabs<Bits, D>(codes, unpacked);
+    for (int r = 0; r < rows; ++r) logits[r * stride] = score_row<true>(unpacked, r, s_lane, lo_lane);
+#endif
+  }
+
+  // The portable path, always compiled: what every SIMD path must reproduce (the integer
+  // sums exactly, the fp32 factors up to summation order).
+  void score_generic(const std::uint8_t* KVQ_RESTRICT codes, const float* meta, int rows, float* KVQ_RESTRICT logits,
+                     int stride) const {
+    alignas(64) float s_lane[kAccLanes], lo_lane[kAccLanes];
+    spread_meta(meta, s_lane, lo_lane);
+    alignas(64) std::uint8_t unpacked[D];
+    unpack_codes_slabs<Bits, D>(codes, unpacked);
+    for (int r = 0; r < rows; ++r) logits[r * stride] = score_row<false>(unpacked, r, s_lane, lo_lane);
+  }
+
+  // s[r][j] for r < rows, j < n ≤ kTokensPerBlock: a block of tokens whose packed rows
+  // and stored metadata (2·kGroups values of M) are codes[j] and meta[j]. With AVX-512
+  // VNNI the metadata is widened in registers and each row's 16-lane sums of 16 tokens
+  // are reduced together by one transpose (reduce_16x16) instead of 16 horizontal sums.
+  template <MetaType M>
+  void score_block(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta, int rows,
+                   float (*s)[kTokensPerBlock]) const {
+#if KVQ_CPU_AVX512_VNNI
+    if constexpr (2 * kGroups <= 32) {
+      score_block_vnni<M>(n, codes, meta, rows, s);
+      return;
+    }
+#endif
+    float decoded[2 * kGroups];
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < 2 * kGroups; ++i) decoded[i] = MetaTraits<M>::decode(meta[j][i]);
+      score(codes[j], decoded, rows, &s[0][j], kTokensPerBlock);
+    }
+  }
+
+ private:
+  static void spread_meta(const float* meta, float* s_lane, float* lo_lane) {
     for (int lane = 0; lane < kAccLanes; ++lane) {
       s_lane[lane] = meta[2 * kLaneGroup[lane]];
       lo_lane[lane] = meta[2 * kLaneGroup[lane] + 1];
     }
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(__CUDACC__)
-    score_vnni(codes, s_lane, lo_lane, rows, logits, stride);
-#else
-    alignas(64) std::uint8_t unpacked[D];
-    unpack_codes_slabs<Bits, D>(codes, unpacked);
-    for (int r = 0; r < rows; ++r) logits[r * stride] = score_row(unpacked, r, s_lane, lo_lane);
-#endif
   }
 
- private:
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(__CUDACC__)
+#if KVQ_CPU_AVX512_VNNI
   // Chunk z (64 bytes) of the slab-ordered codes, unpacked in registers.
   static KVQ_FORCE_INLINE __m512i code_chunk(const std::uint8_t* codes, int z) {
     const __m512i mask = _mm512_set1_epi8(char((1u << Bits) - 1u));
@@ -161,6 +196,97 @@ struct Int8Query {
     }
   }
 
+  // Lane j of the result is the sum of the 16 lanes of v[kReducePos[j]] (a 4-level
+  // shuffle-and-add tree; kReducePos is its own inverse). Intrinsics here and below use
+  // masked forms with an explicit source: the plain ones are built on _mm512_undefined_*,
+  // which GCC 12 reports as maybe-uninitialized under -Wall.
+  static constexpr int kReducePos[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+  static KVQ_FORCE_INLINE __m512 reduce_16x16(const __m512* v) {
+    __m512 t[8], u[4], w[2];
+    KVQ_UNROLL for (int i = 0; i < 8; ++i)
+      t[i] = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xFFFF, v[i], v[i + 8], 0x44), _mm512_maskz_shuffle_f32x4(0xFFFF, v[i], v[i + 8], 0xEE));
+    KVQ_UNROLL for (int i = 0; i < 4; ++i)
+      u[i] = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xFFFF, t[i], t[i + 4], 0x88), _mm512_maskz_shuffle_f32x4(0xFFFF, t[i], t[i + 4], 0xDD));
+    KVQ_UNROLL for (int i = 0; i < 2; ++i)
+      w[i] = _mm512_add_ps(_mm512_maskz_shuffle_ps(0xFFFF, u[i], u[i + 2], 0x44), _mm512_maskz_shuffle_ps(0xFFFF, u[i], u[i + 2], 0xEE));
+    return _mm512_add_ps(_mm512_maskz_shuffle_ps(0xFFFF, w[0], w[1], 0x88), _mm512_maskz_shuffle_ps(0xFFFF, w[0], w[1], 0xDD));
+  }
+
+  // The 2·kGroups stored metadata values of one token as fp32 lanes (two vectors when
+  // there are more than 16).
+  template <MetaType M>
+  static KVQ_FORCE_INLINE void load_meta(const meta_storage_t<M>* meta, __m512& lo16, __m512& hi16) {
+    constexpr int kCount = 2 * kGroups;
+    constexpr __mmask16 kLow = kCount >= 16 ? 0xFFFF : __mmask16((1u << kCount) - 1u);
+    constexpr __mmask16 kHigh = kCount <= 16 ? 0 : __mmask16((1u << (kCount - 16)) - 1u);
+    if constexpr (M == MetaType::fp32) {
+      lo16 = _mm512_maskz_loadu_ps(kLow, meta);
+      hi16 = _mm512_maskz_loadu_ps(kHigh, meta + 16);
+    } else {
+      const __m512i bits = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(kLow, meta));
+      const __m512i bits_hi = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(kHigh, meta + 16));
+      if constexpr (M == MetaType::fp16) {
+        lo16 = _mm512_maskz_cvtph_ps(0xFFFF, _mm512_maskz_cvtepi32_epi16(0xFFFF, bits));
+        hi16 = _mm512_maskz_cvtph_ps(0xFFFF, _mm512_maskz_cvtepi32_epi16(0xFFFF, bits_hi));
+      } else {  // bf16: the high half of an fp32
+        lo16 = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, bits, 16));
+        hi16 = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, bits_hi, 16));
+      }
+    }
+  }
+
+  template <MetaType M>
+  KVQ_FORCE_INLINE void score_block_vnni(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta,
+                                         int rows, float (*s)[kTokensPerBlock]) const {
+    constexpr int kChunks = D / 64, kAcc = kAccLanes / 16;
+    // Per accumulator vector a: the metadata index of each lane's scale (lo is +1).
+    alignas(64) static constexpr std::array<std::int32_t, kAccLanes> kScaleIndex = [] {
+      std::array<std::int32_t, kAccLanes> idx{};
+      for (int lane = 0; lane < kAccLanes; ++lane) idx[lane] = 2 * kLaneGroup[lane];
+      return idx;
+    }();
+    alignas(64) __m512 partial[kMaxRowsPerPass][16];  // [row][reduce position]
+    for (int j0 = 0; j0 < n; j0 += 16) {
+      const int m = n - j0 < 16 ? n - j0 : 16;
+      for (int j = 0; j < m; ++j) {
+        const int pos = kReducePos[j];
+        __m512i c[kChunks];
+        KVQ_UNROLL for (int z = 0; z < kChunks; ++z) c[z] = code_chunk(codes[j0 + j], z);
+        __m512 meta_lo, meta_hi;
+        load_meta<M>(meta[j0 + j], meta_lo, meta_hi);
+        __m512 s_vec[kAcc], lo_vec[kAcc];
+        KVQ_UNROLL for (int a = 0; a < kAcc; ++a) {
+          const __m512i idx = _mm512_load_si512(kScaleIndex.data() + 16 * a);
+          s_vec[a] = _mm512_permutex2var_ps(meta_lo, idx, meta_hi);
+          lo_vec[a] = _mm512_permutex2var_ps(meta_lo, _mm512_add_epi32(idx, _mm512_set1_epi32(1)), meta_hi);
+        }
+        for (int r = 0; r < rows; ++r) partial[r][pos] = lane_factors(c, s_vec, lo_vec, r);
+      }
+      for (int j = m; j < 16; ++j)
+        for (int r = 0; r < rows; ++r) partial[r][kReducePos[j]] = _mm512_setzero_ps();
+      const __mmask16 store = __mmask16((1u << m) - 1u);
+      for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(&s[r][j0], store, reduce_16x16(partial[r]));
+    }
+  }
+
+  // The 16 lanes whose sum is row r's logit for one token (codes already unpacked).
+  template <int kChunks, int kAcc>
+  KVQ_FORCE_INLINE __m512 lane_factors(const __m512i (&c)[kChunks], const __m512 (&s_vec)[kAcc],
+                                       const __m512 (&lo_vec)[kAcc], int r) const {
+    __m512i acc[kAcc];
+    KVQ_UNROLL for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_setzero_si512();
+    KVQ_UNROLL for (int z = 0; z < kChunks; ++z)
+      acc[z % kAcc] = _mm512_dpbusd_epi32(acc[z % kAcc], c[z], _mm512_loadu_si512(q8[r] + 64 * z));
+    __m512 f = _mm512_setzero_ps();
+    KVQ_UNROLL for (int a = 0; a < kAcc; ++a) {
+      // Masked forms with an explicit source throughout (see code_chunk).
+      const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, acc[a]);
+      f = _mm512_fmadd_ps(isum, _mm512_mul_ps(_mm512_loadu_ps(sigma[r] + 16 * a), s_vec[a]), f);
+      f = _mm512_fmadd_ps(lo_vec[a], _mm512_loadu_ps(group_sum[r] + 16 * a), f);
+    }
+    return f;
+  }
+
   KVQ_FORCE_INLINE void score_vnni(const std::uint8_t* codes, const float* s_lane, const float* lo_lane, int rows,
                                    float* logits, int stride) const {
     constexpr int kChunks = D / 64, kAcc = kAccLanes / 16;
@@ -172,17 +298,7 @@ struct Int8Query {
       lo_vec[a] = _mm512_loadu_ps(lo_lane + 16 * a);
     }
     for (int r = 0; r < rows; ++r) {
-      __m512i acc[kAcc];
-      KVQ_UNROLL for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_setzero_si512();
-      KVQ_UNROLL for (int z = 0; z < kChunks; ++z)
-        acc[z % kAcc] = _mm512_dpbusd_epi32(acc[z % kAcc], c[z], _mm512_loadu_si512(q8[r] + 64 * z));
-      __m512 f = _mm512_setzero_ps();
-      KVQ_UNROLL for (int a = 0; a < kAcc; ++a) {
-        // Masked forms with an explicit source throughout (see code_chunk).
-        const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, acc[a]);
-        f = _mm512_fmadd_ps(isum, _mm512_mul_ps(_mm512_loadu_ps(sigma[r] + 16 * a), s_vec[a]), f);
-        f = _mm512_fmadd_ps(lo_vec[a], _mm512_loadu_ps(group_sum[r] + 16 * a), f);
-      }
+      const __m512 f = lane_factors(c, s_vec, lo_vec, r);
       const __m512d fd = _mm512_castps_pd(f);
       __m256 h = _mm256_add_ps(_mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, fd, 0)),
                                _mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, fd, 1)));
@@ -192,14 +308,16 @@ struct Int8Query {
       logits[r * stride] = _mm_cvtss_f32(x);
     }
   }
-#else
-  // One row from codes unpacked one per byte; AVX2 sums 32 bytes per step
+#endif
+
+  // One row from codes unpacked one per byte; with kSimd and AVX2, 32 bytes per step
   // (vpmaddubsw: 15·127·2 fits int16 for codes ≤ 4 bits), plain loops otherwise.
+  template <bool kSimd>
   KVQ_FORCE_INLINE float score_row(const std::uint8_t* KVQ_RESTRICT c, int r, const float* s_lane,
                                    const float* lo_lane) const {
     alignas(64) std::int32_t isum[kAccLanes] = {};
-#if defined(__AVX2__) && !defined(__CUDACC__)
-    if constexpr (Bits <= 4) {
+#if KVQ_CPU_AVX2
+    if constexpr (kSimd && Bits <= 4) {
       const __m256i ones = _mm256_set1_epi16(1);
       for (int z = 0; z < D / 32; ++z) {
         const __m256i pairs = _mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32 * z)),
@@ -222,7 +340,6 @@ struct Int8Query {
       f[lane % 8] += float(isum[lane]) * (sigma[r][lane] * s_lane[lane]) + lo_lane[lane] * group_sum[r][lane];
     return ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
   }
-#endif
 };
 
 }  // namespace kvq::detail

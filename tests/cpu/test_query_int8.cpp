@@ -1,4 +1,4 @@
-// Key scoring with an int8 query (kvq/attention/query_int8.hpp): exact integer sums, the
+// Key scoring with an int8 query (kvq/cpu/query_int8.hpp): exact integer sums, the
 // stated error bound per logit, and decode attention within its documented tolerance.
 #include <gtest/gtest.h>
 
@@ -65,6 +65,66 @@ TEST(Int8Query, ScoringIsExactInIntegersAndWithinItsBound) {
   check_scoring<8, 64, 64>(6);
   check_scoring<8, 32, 256>(7);  // four 64-byte group patterns
   check_scoring<2, 16, 256>(8);  // sixteen groups
+}
+
+// score_block (the SIMD path the decode uses: metadata widened in registers, 16 tokens
+// reduced by one transpose) against score_generic token by token, on every metadata
+// type, full and partial blocks, and all row counts of a pass. The integer sums are
+// exact on both; only the fp32 summation order differs.
+template <int Bits, int G, int D, kvq::MetaType M>
+void check_block_against_generic(std::uint32_t seed) {
+  using Meta = kvq::MetaTraits<M>;
+  constexpr int NK = D / G, kBlock = kvq::detail::kTokensPerBlock, kRows = kvq::detail::kMaxRowsPerPass;
+  std::mt19937 rng(seed);
+  const auto q = kvq::test::random_normal(std::size_t(kRows) * D, seed, 2.f);
+  kvq::detail::Int8Query<Bits, G, D> q8;
+  for (int r = 0; r < kRows; ++r) q8.set_row(r, q.data() + r * D);
+  std::vector<std::uint8_t> codes(std::size_t(kBlock) * D * Bits / 8);
+  for (auto& c : codes) c = std::uint8_t(rng());
+  std::vector<typename Meta::storage> meta(std::size_t(kBlock) * 2 * NK);
+  for (auto& m : meta) m = Meta::encode(-1.f + float(rng() % 1000) / 500.f);
+  const std::uint8_t* code_rows[kBlock];
+  const typename Meta::storage* meta_rows[kBlock];
+  for (int j = 0; j < kBlock; ++j) {
+    code_rows[j] = codes.data() + std::size_t(j) * D * Bits / 8;
+    meta_rows[j] = meta.data() + std::size_t(j) * 2 * NK;
+  }
+  for (int rows : {1, 4, 7, kRows})
+    for (int n : {kBlock, 17, 16, 5, 1}) {
+      alignas(64) float s[kRows][kBlock];
+      for (auto& row : s)
+        for (float& x : row) x = kPoison;
+      q8.template score_block<M>(n, code_rows, meta_rows, rows, s);
+      for (int j = 0; j < kBlock; ++j) {
+        float decoded[2 * NK];
+        for (int i = 0; i < 2 * NK; ++i) decoded[i] = Meta::decode(meta_rows[j][i]);
+        float expected[kRows];
+        q8.score_generic(code_rows[j], decoded, rows, expected, 1);
+        for (int r = 0; r < kRows; ++r) {
+          if (r < rows && j < n) {
+            // Summation order alone: the tolerance scales with the terms, which cancel.
+            double magnitude = 0;
+            for (int i = 0; i < D; ++i)
+              magnitude += std::abs(double(q[r * D + i])) * (std::abs(decoded[2 * (i / G)]) * kvq::unpack_code<Bits>(code_rows[j], i) +
+                                                              std::abs(decoded[2 * (i / G) + 1]));
+            EXPECT_NEAR(s[r][j], expected[r], 2e-6 * (1 + magnitude))
+                << "bits " << Bits << " G " << G << " D " << D << " rows " << rows << " n " << n << " r " << r << " j " << j;
+          } else {
+            EXPECT_EQ(s[r][j], kPoison) << "wrote outside the block: rows " << rows << " n " << n << " r " << r << " j " << j;
+          }
+        }
+      }
+    }
+}
+
+TEST(Int8Query, BlockScoringMatchesTheGenericPath) {
+  using enum kvq::MetaType;
+  check_block_against_generic<4, 32, 128, fp16>(11);
+  check_block_against_generic<2, 32, 128, fp16>(12);
+  check_block_against_generic<8, 32, 128, bf16>(13);   // two accumulator vectors
+  check_block_against_generic<4, 16, 256, fp32>(14);   // 32 metadata values: two vectors
+  check_block_against_generic<2, 16, 64, bf16>(15);
+  check_block_against_generic<8, 64, 256, fp16>(16);   // four 64-byte group patterns
 }
 
 TEST(Int8Query, NonFiniteQueryGroupMakesTheLogitNaN) {

@@ -1,4 +1,4 @@
-// kvq/attention/tile.hpp — register-blocked fp32 tile products of the CPU decode
+// kvq/cpu/tile.hpp — register-blocked fp32 tile products of the CPU decode
 // (DESIGN §9).
 //
 // The quantized and the full-precision CPU decode both turn a block of up to
@@ -22,23 +22,14 @@
 
 #include "kvq/core/config.hpp"
 #include "kvq/core/numeric.hpp"
-
-#if defined(__F16C__) && !defined(__CUDACC__)
-#include <immintrin.h>
-#endif
+#include "kvq/cpu/isa.hpp"
 
 namespace kvq::detail {
 
 inline constexpr int kMaxRowsPerPass = 16;  // query rows sharing one pass over the keys
 inline constexpr int kTokensPerBlock = 32;  // tokens per tile (one rescale per block)
 
-#if defined(__AVX512F__)
-inline constexpr int kNativeFloatLanes = 16;
-#elif defined(__AVX__)
-inline constexpr int kNativeFloatLanes = 8;
-#else
-inline constexpr int kNativeFloatLanes = 4;
-#endif
+using cpu::kNativeFloatLanes;
 
 // KVQ_UNROLL (config.hpp) fully unrolls the register blocks below, so they stay in
 // registers.
@@ -61,6 +52,11 @@ template <>
 struct FloatVecType<16> { typedef float type __attribute__((vector_size(64))); };
 template <int W>
 using FloatVec = typename FloatVecType<W>::type;
+// N lanes of T as a GCC/Clang vector.
+template <class T, int N>
+struct GnuVec {
+  typedef T type __attribute__((vector_size(N * sizeof(T))));
+};
 #else
 template <int W>
 struct FloatVec {
@@ -212,16 +208,74 @@ KVQ_FORCE_INLINE void exp_block(float* x, int n) {
   }
 }
 
-// True when every element of the row is finite (x − x is 0 exactly for finite x).
+// True when every element of the n rows [n][D] is finite (x − x is 0 exactly for finite x).
+// Four independent sums, so the adds do not wait on each other.
 template <int D>
-KVQ_FORCE_INLINE bool row_is_finite(const float* row) {
+KVQ_FORCE_INLINE bool rows_are_finite(const float* rows, int n) {
   constexpr int W = lanes_for(D);
-  FloatVec<W> z = zero_vec<W>();
-  for (int i = 0; i < D; i += W) {
-    const FloatVec<W> x = load_vec<W>(row + i);
-    z += x - x;
+  static_assert(D % (4 * W) == 0 || D % W == 0);
+  FloatVec<W> z[4] = {zero_vec<W>(), zero_vec<W>(), zero_vec<W>(), zero_vec<W>()};
+  int i = 0;
+  for (; i + 4 * W <= n * D; i += 4 * W) {
+    KVQ_UNROLL for (int u = 0; u < 4; ++u) {
+      const FloatVec<W> x = load_vec<W>(rows + i + u * W);
+      z[u] += x - x;
+    }
   }
-  return sum_lanes<W>(z) == 0.f;
+  for (; i < n * D; i += W) {
+    const FloatVec<W> x = load_vec<W>(rows + i);
+    z[0] += x - x;
+  }
+  return sum_lanes<W>((z[0] + z[1]) + (z[2] + z[3])) == 0.f;
+}
+
+// Asks for [p, p + bytes) to be brought into the cache ahead of use (a hint: nothing
+// on targets without one).
+KVQ_FORCE_INLINE void prefetch_bytes(const void* p, std::size_t bytes) {
+#if KVQ_GNU_HOST
+  for (std::size_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(static_cast<const char*>(p) + offset);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+// Max of a block of kTokensPerBlock logits, NaN when any of them is NaN (std::max
+// would drop it; a NaN logit must poison its row).
+KVQ_FORCE_INLINE float block_max_of(const float* x) {
+  constexpr int W = kNativeFloatLanes;
+  static_assert(kTokensPerBlock % W == 0);
+  float best = x[0];
+  bool nan = false;
+#if KVQ_GNU_HOST
+  FloatVec<W> m = load_vec<W>(x);
+  auto nan_lanes = m != m;
+  for (int j = W; j < kTokensPerBlock; j += W) {
+    const FloatVec<W> v = load_vec<W>(x + j);
+    m = v > m ? v : m;
+    nan_lanes |= v != v;
+  }
+  for (int i = 0; i < W; ++i) {
+    best = m[i] > best ? m[i] : best;
+    nan = nan || nan_lanes[i] != 0;
+  }
+#else
+  for (int j = 0; j < kTokensPerBlock; ++j) {
+    best = x[j] > best ? x[j] : best;
+    nan = nan || x[j] != x[j];
+  }
+#endif
+  return nan ? __builtin_nanf("") : best;
+}
+
+// x[j] ← e^(x[j] − shift) over a block of kTokensPerBlock; returns their sum (in a fixed
+// order). −∞ entries become 0.
+KVQ_FORCE_INLINE float exp_shifted_block(float* x, float shift) {
+  for (int j = 0; j < kTokensPerBlock; ++j) x[j] -= shift;
+  exp_block(x, kTokensPerBlock);
+  constexpr int W = kNativeFloatLanes;
+  FloatVec<W> partial = zero_vec<W>();
+  for (int j = 0; j < kTokensPerBlock; j += W) partial += load_vec<W>(x + j);
+  return sum_lanes<W>(partial);
 }
 
 // One [D] row of T as fp32 (F16C for fp16 when the target has it).
@@ -237,7 +291,7 @@ KVQ_FORCE_INLINE void convert_row(const T* KVQ_RESTRICT src, float* KVQ_RESTRICT
       std::memcpy(dst + i, &bits, 4);
     }
   } else {
-#if defined(__F16C__) && !defined(__CUDACC__)
+#if KVQ_CPU_F16C
     if constexpr (D % 8 == 0) {
       for (int i = 0; i < D; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));

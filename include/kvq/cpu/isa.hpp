@@ -1,0 +1,67 @@
+// kvq/cpu/isa.hpp — every instruction-set check of kvq's CPU code, in one place.
+//
+// kvq never dispatches at run time: the engine's compiler flags (-march=...) choose the
+// paths, and each KVQ_CPU_* macro below is 1 exactly when its instructions may be used
+// in this translation unit. nvcc's passes get none of them (the CUDA tests include the
+// CPU reference, which then runs its portable loops). Every SIMD path has a portable
+// twin that is always compiled (the `generic` functions), and tests/cpu compares them.
+#pragma once
+
+#include "kvq/core/config.hpp"
+
+#if KVQ_GNU_HOST && (defined(__x86_64__) || defined(__i386__))
+#define KVQ_CPU_X86 1
+#else
+#define KVQ_CPU_X86 0
+#endif
+
+// KVQ_CPU_F16C        fp16 ↔ fp32 conversions in hardware (vcvtph2ps / vcvtps2ph)
+// KVQ_CPU_AVX2        256-bit integer SIMD (vpmaddubsw, vpmaddwd)
+// KVQ_CPU_AVX512      512-bit SIMD with byte/word ops and mask registers (F, BW, DQ, VL)
+// KVQ_CPU_AVX512_VNNI vpdpbusd: u8×s8 dot products of four bytes into int32 lanes
+#if KVQ_CPU_X86 && defined(__F16C__)
+#define KVQ_CPU_F16C 1
+#else
+#define KVQ_CPU_F16C 0
+#endif
+#if KVQ_CPU_X86 && defined(__AVX2__)
+#define KVQ_CPU_AVX2 1
+#else
+#define KVQ_CPU_AVX2 0
+#endif
+#if KVQ_CPU_X86 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define KVQ_CPU_AVX512 1
+#else
+#define KVQ_CPU_AVX512 0
+#endif
+#if KVQ_CPU_AVX512 && defined(__AVX512VNNI__)
+#define KVQ_CPU_AVX512_VNNI 1
+#else
+#define KVQ_CPU_AVX512_VNNI 0
+#endif
+
+#if KVQ_CPU_X86
+#include <immintrin.h>
+#endif
+
+namespace kvq::cpu {
+
+// Floats per native vector: 16 with AVX-512F, 8 with AVX, else 4 (SSE2 / NEON).
+#if KVQ_CPU_X86 && defined(__AVX512F__)
+inline constexpr int kNativeFloatLanes = 16;
+#elif KVQ_CPU_X86 && defined(__AVX__)
+inline constexpr int kNativeFloatLanes = 8;
+#else
+inline constexpr int kNativeFloatLanes = 4;
+#endif
+
+// The paths this translation unit was built with, for benchmark and log headers.
+constexpr const char* isa_name() {
+  if constexpr (KVQ_CPU_AVX512_VNNI) return KVQ_CPU_F16C ? "avx512+vnni+f16c" : "avx512+vnni";
+  if constexpr (KVQ_CPU_AVX512) return KVQ_CPU_F16C ? "avx512+f16c" : "avx512";
+  if constexpr (KVQ_CPU_AVX2) return KVQ_CPU_F16C ? "avx2+f16c" : "avx2";
+  if constexpr (KVQ_CPU_X86) return "x86-64 (sse2)";
+  return "generic";
+}
+
+}  // namespace kvq::cpu
