@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <atomic>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 #include "common/paged_case.hpp"
@@ -71,6 +74,107 @@ TEST(DecodeAttention, RotatedAndCenteredPolicies) {
     return p;
   }();
   check_against_reference<centered_values>(16, 1, 2, {70}, {1}, 10);
+}
+
+// An executor on real threads: `threads` workers take tasks from a shared counter.
+struct ThreadExecutor {
+  int threads;
+  template <class Task>
+  void operator()(int count, Task&& task) const {
+    std::atomic<int> next{0};
+    std::vector<std::thread> workers;
+    for (int w = 0; w < threads; ++w)
+      workers.emplace_back([&] {
+        for (int i = next++; i < count; i = next++) task(i);
+      });
+    for (auto& w : workers) w.join();
+  }
+};
+
+// Split-KV decode == exact fp64 attention (as decode_attention), and bit-identical
+// whatever executor runs it and however many threads it has.
+template <kvq::Policy P>
+void check_split(int page_size, int hkv, int hq, std::vector<int> lens, std::vector<int> qlens, int chunk,
+                 kvq::KeyScoring scoring, std::uint32_t seed) {
+  constexpr int D = P.head_dim;
+  auto c = make_paged_case<P>(seed, page_size, hkv, hq, lens, qlens);
+  ASSERT_TRUE(c.append_all(seed).ok());
+  std::vector<float> whole(c.q.size(), kPoison), whole_lse(c.q.size() / D, kPoison);
+  ASSERT_TRUE(kvq::decode_attention<P>(c.const_cache(), c.table(), c.decode_params(whole.data(), whole_lse.data()),
+                                       c.params.view(), {scoring})
+                  .ok());
+  const auto params = c.decode_params(nullptr, nullptr);
+  const std::size_t bytes = kvq::split_decode_workspace_bytes<P>(c.table(), params, hkv, {chunk});
+  std::vector<std::byte> storage(bytes + 64);
+  auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(storage.data()) + 63) / 64 * 64);
+  const std::span<std::byte> workspace(aligned, bytes);
+  std::vector<std::vector<float>> outs;
+  auto run = [&](auto&& executor) {
+    std::vector<float> out(c.q.size(), kPoison), lse(c.q.size() / D, kPoison);
+    std::memset(workspace.data(), 0xFF, workspace.size());  // NaN everywhere: unwritten partials show
+    const kvq::Status s = kvq::decode_attention_split<P>(c.const_cache(), c.table(), c.decode_params(out.data(), lse.data()),
+                                                         c.params.view(), {scoring}, {chunk}, workspace, executor);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    out.insert(out.end(), lse.begin(), lse.end());
+    outs.push_back(out);
+  };
+  run(kvq::cpu::SerialExecutor{});
+  run(ThreadExecutor{2});
+  run(ThreadExecutor{3});
+  ASSERT_EQ(outs.size(), 3u);
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(float)), 0) << "2 threads differ";
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[2].data(), outs[0].size() * sizeof(float)), 0) << "3 threads differ";
+  const std::vector<float> split(outs[0].begin(), outs[0].begin() + whole.size());
+  std::vector<double> ref, ref_lse;
+  c.reference(ref, ref_lse);
+  if (scoring == kvq::KeyScoring::fp32_tiles) EXPECT_LE(max_row_rel_err(split, ref, D), 1e-5) << "vs fp64";
+  std::vector<double> whole_d(whole.begin(), whole.end());
+  EXPECT_LE(max_row_rel_err(split, whole_d, D), 1e-5) << "vs one pass, chunk " << chunk;
+  for (std::size_t r = 0; r < whole_lse.size(); ++r) {
+    const float lse = outs[0][whole.size() + r];
+    if (std::isinf(whole_lse[r])) {
+      EXPECT_TRUE(std::isinf(lse) && lse < 0) << "row " << r;
+    } else {
+      EXPECT_NEAR(lse, whole_lse[r], 1e-5 * (1 + std::abs(whole_lse[r]))) << "row " << r;
+    }
+  }
+}
+
+TEST(DecodeAttentionSplit, MatchesOnePassOnAnyExecutor) {
+  using namespace kvq::presets;
+  using enum kvq::KeyScoring;
+  // Chunks of one block to many; ragged and empty sequences; causal query tokens whose
+  // limits end before later chunks; two passes of rows (GQA 17 rows).
+  check_split<K4V2>(16, 2, 8, {1000, 0, 33}, {1, 0, 2}, 64, int8_query, 41);
+  check_split<K4V2>(16, 2, 8, {1000, 0, 33}, {1, 0, 2}, 256, fp32_tiles, 42);
+  check_split<K2V2_HC>(32, 1, 17, {700}, {1}, 32, int8_query, 43);
+  check_split<K2V2_R.with_head_dim(64)>(16, 2, 4, {300, 301}, {3, 1}, 96, fp32_tiles, 44);
+  check_split<K8V8>(64, 1, 1, {5000}, {1}, 4096, int8_query, 45);
+}
+
+TEST(DecodeAttentionSplit, RejectsBadChunksAndWorkspaces) {
+  using namespace kvq::presets;
+  auto c = make_paged_case<K4V2>(7, 16, 2, 8, {100}, {1});
+  ASSERT_TRUE(c.append_all(7).ok());
+  std::vector<float> out(c.q.size(), kPoison), lse(c.q.size() / 128, kPoison);
+  const auto params = c.decode_params(out.data(), lse.data());
+  const std::size_t bytes = kvq::split_decode_workspace_bytes<K4V2>(c.table(), params, 2, {64});
+  alignas(64) static std::byte storage[1 << 20];
+  ASSERT_LE(bytes, sizeof storage);
+  auto call = [&](int chunk, std::span<std::byte> ws) {
+    return kvq::decode_attention_split<K4V2>(c.const_cache(), c.table(), params, c.params.view(), {}, {chunk}, ws,
+                                             kvq::cpu::SerialExecutor{});
+  };
+  EXPECT_TRUE(call(64, {storage, bytes}).ok());
+  for (int chunk : {0, -32, 48}) {
+    const kvq::Status s = call(chunk, {storage, sizeof storage});
+    EXPECT_EQ(s.code(), kvq::StatusCode::invalid_argument) << chunk;
+    EXPECT_NE(s.message().find("chunk_tokens"), std::string::npos) << s.to_string();
+  }
+  const kvq::Status small = call(64, {storage, bytes - 1});
+  EXPECT_EQ(small.code(), kvq::StatusCode::invalid_argument);
+  EXPECT_NE(small.message().find("split_decode_workspace_bytes"), std::string::npos) << small.to_string();
+  EXPECT_EQ(call(64, {storage + 4, bytes}).code(), kvq::StatusCode::invalid_argument);
 }
 
 TEST(DecodeAttention, HeadDims) {

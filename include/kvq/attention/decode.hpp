@@ -16,14 +16,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
 #include <type_traits>
 
-#include "kvq/cpu/online.hpp"
 #include "kvq/attention/params.hpp"
-#include "kvq/cpu/query_int8.hpp"
 #include "kvq/attention/softmax.hpp"
 #include "kvq/core/packing.hpp"
 #include "kvq/core/quantizer.hpp"
+#include "kvq/cpu/executor.hpp"
+#include "kvq/cpu/online.hpp"
+#include "kvq/cpu/query_int8.hpp"
 #include "kvq/layout/page_table.hpp"
 #include "kvq/layout/paged.hpp"
 #include "kvq/rotation/transform.hpp"
@@ -170,14 +174,22 @@ Status validate_decode(const ConstPagedCacheView<P>& cache, const PageTableView&
 
 namespace detail {
 
-template <Policy P, KeyScoring S, ActivationType QT, ActivationType OT>
-void decode_quantized(const ConstPagedCacheView<P>& cache, const PageTableView& table, const DecodeParams<QT, OT>& p,
-                      const RotationParams& r) {
+// One pass of the quantized decode: sequence b, KV head h, query rows [r0, r0 + rows)
+// of that head (row r ↔ query token r / group, query head h·group + r % group), keys
+// [t_begin, t_end). Calls write(rr, o, lse) per row with o [D] normalized in the output
+// basis (the original one unless p.rotated_output) and lse in the original logit domain;
+// a row that sees no key gets o = 0, lse = −∞.
+template <Policy P, KeyScoring S, ActivationType QT, ActivationType OT, class Write>
+void decode_pass(const ConstPagedCacheView<P>& cache, const PageTableView& table, const DecodeParams<QT, OT>& p,
+                 const RotationParams& r, int b, int h, int r0, int rows, int t_begin, int t_end, Write&& write) {
   constexpr int D = P.head_dim;
   constexpr int kRows = kMaxRowsPerPass;
   const int hkv = cache.layout.num_kv_heads;
   const int hq = p.num_qo_heads, group = hq / hkv;
   const float tau = p.scale(D);
+  const int q0 = p.q_indptr[b], nq = p.q_indptr[b + 1] - q0;
+  const int len = table.seq_len(b);
+  const int offset = p.causal_offset ? p.causal_offset[b] : len - nq;
 
   alignas(64) float qrot[D];
   alignas(64) float q_slabs[S == KeyScoring::fp32_tiles ? kRows * D : 1];  // τ·q' in the key slab order
@@ -185,53 +197,155 @@ void decode_quantized(const ConstPagedCacheView<P>& cache, const PageTableView& 
   std::conditional_t<S == KeyScoring::int8_query, Int8Query<P.key.bits, P.key.group, D>, Unused> q8;
   const Int8Query<P.key.bits, P.key.group, D>* q8_rows = nullptr;
   if constexpr (S == KeyScoring::int8_query) q8_rows = &q8;
-  float shift[kRows];
-  int limit[kRows];
+  float shift[kRows] = {};
+  int limit[kRows] = {};
   alignas(64) float acc[kRows * D];  // in the value slab order
   float m[kRows], l[kRows];
   alignas(64) float o[D];
   float scratch[D];
 
-  for (int b = 0; b < table.batch_size; ++b) {
-    const int q0 = p.q_indptr[b], nq = p.q_indptr[b + 1] - q0;
-    const int len = table.seq_len(b);
-    const int offset = p.causal_offset ? p.causal_offset[b] : len - nq;
-    const int rows_total = nq * group;
-    for (int h = 0; h < hkv; ++h) {
-      for (int r0 = 0; r0 < rows_total; r0 += kRows) {
-        const int rows = std::min(kRows, rows_total - r0);
-        // Row r ↔ (query token i, query head j = h·group + jj).
-        if constexpr (S == KeyScoring::fp32_tiles) std::fill(q_slabs, q_slabs + padded_rows(rows) * D, 0.f);
-        for (int rr = 0; rr < rows; ++rr) {
-          const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
-          const QT* src = p.q + (std::size_t(q0 + i) * hq + j) * D;
-          for (int d = 0; d < D; ++d) qrot[d] = to_float(src[d]);
-          shift[rr] = transform_query<P>(qrot, h, r, scratch);
-          for (int d = 0; d < D; ++d) qrot[d] *= tau;
-          if constexpr (S == KeyScoring::fp32_tiles) {
-            for (int d = 0; d < D; ++d) q_slabs[rr * D + slab_position<P.key.bits, D>(d)] = qrot[d];
-          } else {
-            q8.set_row(rr, qrot);
-          }
-          const long long lim = static_cast<long long>(i) + offset;
-          limit[rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
-        }
-        QuantizedTileSource<P, S> source{cache, table, b, h, rows, q_slabs, q8_rows};
-        attend_part<D>(len, rows, limit, acc, m, l, source);
-        // Normalize, return to the original basis, write.
-        for (int rr = 0; rr < rows; ++rr) {
-          const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
-          const bool empty = l[rr] == 0.f;
-          const float inv_l = empty ? 0.f : 1.f / l[rr];
-          for (int d = 0; d < D; ++d) o[d] = acc[rr * D + slab_position<P.value.bits, D>(d)] * inv_l;
-          if (!empty && !p.rotated_output) untransform_output<P>(o, h, r, scratch);
-          OT* dst = p.out + (std::size_t(q0 + i) * hq + j) * D;
-          for (int d = 0; d < D; ++d) dst[d] = from_float<OT>(o[d]);
-          if (p.lse) p.lse[std::size_t(q0 + i) * hq + j] = empty ? neg_inf_f() : m[rr] + std::log(l[rr]) + tau * shift[rr];
-        }
-      }
+  if constexpr (S == KeyScoring::fp32_tiles) std::fill(q_slabs, q_slabs + padded_rows(rows) * D, 0.f);
+  for (int rr = 0; rr < rows; ++rr) {
+    const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
+    const QT* src = p.q + (std::size_t(q0 + i) * hq + j) * D;
+    for (int d = 0; d < D; ++d) qrot[d] = to_float(src[d]);
+    shift[rr] = transform_query<P>(qrot, h, r, scratch);
+    for (int d = 0; d < D; ++d) qrot[d] *= tau;
+    if constexpr (S == KeyScoring::fp32_tiles) {
+      for (int d = 0; d < D; ++d) q_slabs[rr * D + slab_position<P.key.bits, D>(d)] = qrot[d];
+    } else {
+      q8.set_row(rr, qrot);
     }
+    const long long lim = static_cast<long long>(i) + offset;
+    limit[rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
   }
+  QuantizedTileSource<P, S> source{cache, table, b, h, rows, q_slabs, q8_rows};
+  attend_part<D>(t_begin, t_end, rows, limit, acc, m, l, source);
+  // Normalize, return to the output basis, write.
+  for (int rr = 0; rr < rows; ++rr) {
+    const bool empty = l[rr] == 0.f;
+    const float inv_l = empty ? 0.f : 1.f / l[rr];
+    for (int d = 0; d < D; ++d) o[d] = acc[rr * D + slab_position<P.value.bits, D>(d)] * inv_l;
+    if (!empty && !p.rotated_output) untransform_output<P>(o, h, r, scratch);
+    write(rr, o, empty ? neg_inf_f() : m[rr] + std::log(l[rr]) + tau * shift[rr]);
+  }
+}
+
+// Writes row rr of the pass (b, h, r0) into p.out / p.lse.
+template <int D, ActivationType QT, ActivationType OT>
+KVQ_FORCE_INLINE void write_decode_row(const DecodeParams<QT, OT>& p, int group, int b, int h, int r0, int rr,
+                                       const float* o, float lse) {
+  const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
+  const std::size_t row = std::size_t(p.q_indptr[b] + i) * p.num_qo_heads + j;
+  OT* dst = p.out + row * D;
+  for (int d = 0; d < D; ++d) dst[d] = from_float<OT>(o[d]);
+  if (p.lse) p.lse[row] = lse;
+}
+
+template <Policy P, KeyScoring S, ActivationType QT, ActivationType OT>
+void decode_quantized(const ConstPagedCacheView<P>& cache, const PageTableView& table, const DecodeParams<QT, OT>& p,
+                      const RotationParams& r) {
+  const int hkv = cache.layout.num_kv_heads, group = p.num_qo_heads / hkv;
+  for (int b = 0; b < table.batch_size; ++b) {
+    const int rows_total = (p.q_indptr[b + 1] - p.q_indptr[b]) * group;
+    for (int h = 0; h < hkv; ++h)
+      for (int r0 = 0; r0 < rows_total; r0 += kMaxRowsPerPass)
+        decode_pass<P, S>(cache, table, p, r, b, h, r0, std::min(kMaxRowsPerPass, rows_total - r0), 0,
+                          table.seq_len(b), [&](int rr, const float* o, float lse) {
+                            write_decode_row<P.head_dim>(p, group, b, h, r0, rr, o, lse);
+                          });
+  }
+}
+
+// Split-KV bookkeeping kept in the caller's workspace: per sequence b, the first task
+// and the first merge unit (unit = KV head × pass of ≤ kMaxRowsPerPass query rows; a
+// unit's keys are cut into `chunks` tasks), then one (o [D], lse) slot per task row.
+struct SplitLayout {
+  int batch, hkv, group, chunk_tokens, head_dim;
+  int tasks = 0, units = 0;
+  std::size_t index_bytes = 0, bytes = 0;
+
+  template <class Params>
+  SplitLayout(const PageTableView& table, const Params& p, int num_kv_heads, int d, int chunk)
+      : batch(table.batch_size), hkv(num_kv_heads), group(p.num_qo_heads / num_kv_heads), chunk_tokens(chunk),
+        head_dim(d) {
+    for (int b = 0; b < batch; ++b) {
+      units += hkv * passes(p, b);
+      tasks += hkv * passes(p, b) * chunks(table, b);
+    }
+    index_bytes = (2 * std::size_t(batch + 1) * sizeof(std::int32_t) + 63) / 64 * 64;
+    bytes = index_bytes + std::size_t(tasks) * kMaxRowsPerPass * (d + 1) * sizeof(float);
+  }
+  template <class Params>
+  int passes(const Params& p, int b) const {
+    return ((p.q_indptr[b + 1] - p.q_indptr[b]) * group + kMaxRowsPerPass - 1) / kMaxRowsPerPass;
+  }
+  int chunks(const PageTableView& table, int b) const {
+    return std::max(1, (table.seq_len(b) + chunk_tokens - 1) / chunk_tokens);
+  }
+};
+
+// Where a task or a unit lives: sequence b, KV head h, first row r0, rows, chunk c.
+struct SplitItem {
+  int b, h, r0, rows, c;
+};
+
+template <class Params>
+SplitItem locate_split_item(const SplitLayout& L, const std::int32_t* begin, int index, const PageTableView& table,
+                            const Params& p, bool is_task) {
+  const int b = int(std::upper_bound(begin + 1, begin + L.batch + 1, index) - (begin + 1));
+  int local = index - begin[b];
+  const int chunks = is_task ? L.chunks(table, b) : 1;
+  const int c = local % chunks;
+  local /= chunks;
+  const int passes = L.passes(p, b), h = local / passes, r0 = local % passes * kMaxRowsPerPass;
+  const int rows_total = (p.q_indptr[b + 1] - p.q_indptr[b]) * L.group;
+  return {b, h, r0, std::min(kMaxRowsPerPass, rows_total - r0), c};
+}
+
+template <Policy P, KeyScoring S, ActivationType QT, ActivationType OT, class Exec>
+void decode_quantized_split(const ConstPagedCacheView<P>& cache, const PageTableView& table,
+                            const DecodeParams<QT, OT>& p, const RotationParams& r, const SplitLayout& L,
+                            std::byte* workspace, Exec& ex) {
+  constexpr int D = P.head_dim;
+  auto* task_begin = reinterpret_cast<std::int32_t*>(workspace);
+  std::int32_t* unit_begin = task_begin + (L.batch + 1);
+  auto* partial = reinterpret_cast<float*>(workspace + L.index_bytes);  // [tasks][kMaxRowsPerPass][D + 1]
+  task_begin[0] = unit_begin[0] = 0;
+  for (int b = 0; b < L.batch; ++b) {
+    unit_begin[b + 1] = unit_begin[b] + L.hkv * L.passes(p, b);
+    task_begin[b + 1] = task_begin[b] + L.hkv * L.passes(p, b) * L.chunks(table, b);
+  }
+  auto slot = [&](int task, int rr) { return partial + (std::size_t(task) * kMaxRowsPerPass + rr) * (D + 1); };
+  ex(L.tasks, [&](int task) {
+    const SplitItem it = locate_split_item(L, task_begin, task, table, p, true);
+    const int t_begin = it.c * L.chunk_tokens, t_end = std::min(table.seq_len(it.b), t_begin + L.chunk_tokens);
+    decode_pass<P, S>(cache, table, p, r, it.b, it.h, it.r0, it.rows, t_begin, std::max(t_begin, t_end),
+                      [&](int rr, const float* o, float lse) {
+                        float* dst = slot(task, rr);
+                        std::copy(o, o + D, dst);
+                        dst[D] = lse;
+                      });
+  });
+  // Merge each unit's chunks in chunk order: the result does not depend on the executor.
+  ex(L.units, [&](int unit) {
+    const SplitItem it = locate_split_item(L, unit_begin, unit, table, p, false);
+    const int chunks = L.chunks(table, it.b);
+    const int first = task_begin[it.b] + (unit - unit_begin[it.b]) * chunks;
+    alignas(64) float o[D];
+    for (int rr = 0; rr < it.rows; ++rr) {
+      const float* part = slot(first, rr);
+      std::copy(part, part + D, o);
+      float lse = part[D];
+      for (int c = 1; c < chunks; ++c) {
+        part = slot(first + c, rr);
+        float w_acc, w_part;
+        lse = merge_weights(lse, part[D], w_acc, w_part);
+        for (int d = 0; d < D; ++d) o[d] = w_acc * o[d] + w_part * part[d];
+      }
+      write_decode_row<D>(p, L.group, it.b, it.h, it.r0, rr, o, lse);
+    }
+  });
 }
 
 }  // namespace detail
@@ -256,6 +370,56 @@ Status decode_attention(const ConstPagedCacheView<P>& cache, const PageTableView
       return {};
   }
   return {StatusCode::invalid_argument, "attention: unknown key_scoring"};
+}
+
+// Split-KV decode on the engine's threads (kvq/cpu/executor.hpp). The keys of every
+// (sequence, KV head, pass of ≤ 16 query rows) are cut into chunks of chunk_tokens; each
+// chunk is one task writing (o, lse) into the workspace, then one task per pass merges
+// its chunks in chunk order (merge_weights), so the result does not depend on the
+// executor or the thread count. It equals decode_attention's up to that merge's
+// rounding. Chunks of 1–4K keys keep the merge negligible.
+struct SplitKvConfig {
+  int chunk_tokens = 2048;  // keys per task: a positive multiple of 32
+};
+
+// Workspace bytes decode_attention_split needs for this call's shape (host arrays:
+// table and p.q_indptr are read).
+template <Policy P, ActivationType QT, ActivationType OT>
+std::size_t split_decode_workspace_bytes(const PageTableView& table, const DecodeParams<QT, OT>& p, int num_kv_heads,
+                                         SplitKvConfig split = {}) {
+  return detail::SplitLayout(table, p, num_kv_heads, P.head_dim, split.chunk_tokens).bytes;
+}
+
+// workspace: ≥ split_decode_workspace_bytes(...) bytes, 64-byte aligned, owned by the
+// caller (nothing is allocated). Same results and errors as decode_attention, plus
+// invalid_argument for a bad chunk size or a workspace too small or misaligned.
+template <Policy P, ActivationType QT, ActivationType OT, cpu::Executor Exec>
+Status decode_attention_split(const ConstPagedCacheView<P>& cache, const PageTableView& table,
+                              const DecodeParams<QT, OT>& p, const RotationParams& r, CpuDecodeOptions options,
+                              SplitKvConfig split, std::span<std::byte> workspace, Exec&& ex) {
+  static_assert(check_policy<P>());
+  using enum StatusCode;
+  KVQ_RETURN_IF_ERROR(detail::validate_decode(cache, table, r));
+  KVQ_RETURN_IF_ERROR(validate_decode_params(p, table, cache.layout.num_kv_heads));
+  KVQ_CHECK_ARG(!p.rotated_output || !P.value.centered, invalid_argument,
+                "attention: rotated_output needs a policy without value centering");
+  KVQ_CHECK_ARG(split.chunk_tokens > 0 && split.chunk_tokens % detail::kTokensPerBlock == 0, invalid_argument,
+                "split decode: chunk_tokens must be a positive multiple of 32, got " + std::to_string(split.chunk_tokens));
+  const detail::SplitLayout layout(table, p, cache.layout.num_kv_heads, P.head_dim, split.chunk_tokens);
+  KVQ_CHECK_ARG(workspace.size() >= layout.bytes, invalid_argument,
+                "split decode: workspace has " + std::to_string(workspace.size()) + " bytes, needs " +
+                    std::to_string(layout.bytes) + " (split_decode_workspace_bytes)");
+  KVQ_CHECK_ARG(reinterpret_cast<std::uintptr_t>(workspace.data()) % 64 == 0, invalid_argument,
+                "split decode: workspace must be 64-byte aligned");
+  switch (options.key_scoring) {
+    case KeyScoring::fp32_tiles:
+      detail::decode_quantized_split<P, KeyScoring::fp32_tiles>(cache, table, p, r, layout, workspace.data(), ex);
+      return {};
+    case KeyScoring::int8_query:
+      detail::decode_quantized_split<P, KeyScoring::int8_query>(cache, table, p, r, layout, workspace.data(), ex);
+      return {};
+  }
+  return {invalid_argument, "attention: unknown key_scoring"};
 }
 
 }  // namespace kvq

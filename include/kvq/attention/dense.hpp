@@ -12,9 +12,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kvq/cpu/online.hpp"
 #include "kvq/attention/params.hpp"
 #include "kvq/attention/softmax.hpp"
+#include "kvq/cpu/online.hpp"
 #include "kvq/layout/dense.hpp"
 #include "kvq/layout/page_table.hpp"
 
@@ -76,7 +76,7 @@ void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& se
           const long long lim = static_cast<long long>(i) + offset;
           limit[rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
         }
-        attend_part<D>(len, rows, limit, acc, m, l, source);
+        attend_part<D>(0, len, rows, limit, acc, m, l, source);
         for (int rr = 0; rr < rows; ++rr) {
           const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
           const bool empty = l[rr] == 0.f;

@@ -11,15 +11,16 @@
 #include <algorithm>
 
 #include "kvq/attention/softmax.hpp"
-#include "kvq/cpu/tile.hpp"
 #include "kvq/core/config.hpp"
+#include "kvq/cpu/tile.hpp"
 
 namespace kvq::detail {
 
 // Rows a pass computes: 1, or `rows` rounded up to the 4-row blocks of tile.hpp.
 constexpr int padded_rows(int rows) { return rows == 1 ? 1 : (rows + 3) / 4 * 4; }
 
-// Runs the online softmax over tokens [0, length).
+// Runs the online softmax over tokens [begin, length); begin is a multiple of
+// kTokensPerBlock (a split-KV chunk starts on a block).
 //   row_limit[r]   : row r sees tokens t ≤ row_limit[r] (causal); < 0 sees none
 //   src.logits(t0, n, tile, s) : s[r][j] = τ·q_r·k̂_{t0+j} for r < rows, j < n (the
 //                                source holds the queries; tile is [kTokensPerBlock·D] scratch)
@@ -30,7 +31,7 @@ constexpr int padded_rows(int rows) { return rows == 1 ? 1 : (rows + 3) / 4 * 4;
 //   m, l : [rows] running max (of τ·logits) and sum
 // A non-finite value row reaches only the rows whose weight for it is nonzero.
 template <int D, class Source>
-void attend_part(int length, int rows, const int* row_limit, float* acc, float* m, float* l, Source& src) {
+void attend_part(int begin, int length, int rows, const int* row_limit, float* acc, float* m, float* l, Source& src) {
   const int rows_padded = padded_rows(rows);
   for (int r = 0; r < rows; ++r) {
     m[r] = neg_inf_f();
@@ -43,7 +44,7 @@ void attend_part(int length, int rows, const int* row_limit, float* acc, float* 
 
   alignas(64) float tile[kTokensPerBlock * D];
   alignas(64) float s[kMaxRowsPerPass][kTokensPerBlock];  // logits, then probability weights
-  for (int t0 = 0; t0 < end; t0 += kTokensPerBlock) {
+  for (int t0 = begin; t0 < end; t0 += kTokensPerBlock) {
     const int n = std::min(kTokensPerBlock, end - t0);
     if (t0 + kTokensPerBlock < end) src.prefetch(t0 + kTokensPerBlock, std::min(kTokensPerBlock, end - t0 - kTokensPerBlock));
     src.logits(t0, n, tile, s);
