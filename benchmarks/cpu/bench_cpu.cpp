@@ -40,36 +40,73 @@ struct Table {
   int pages() const { return indptr[1]; }
 };
 
-// Quantized decode; Scoring picks fp32 key tiles (the reference) or int8-query integer dots.
-template <kvq::Policy P, kvq::KeyScoring Scoring = kvq::KeyScoring::fp32_tiles>
-void BM_DecodeQuantized(benchmark::State& state) {
-  const int tokens = int(state.range(0));
-  Table t(tokens);
-  const kvq::PageLayout<P> layout{kPage, kKvHeads};
-  std::vector<std::byte> pool(layout.page_bytes() * t.pages());
+// A quantized cache of `tokens` random tokens (one sequence) and a GQA-4 decode query.
+template <kvq::Policy P>
+struct QuantizedDecodeCase {
+  Table t;
+  kvq::PageLayout<P> layout{kPage, kKvHeads};
+  std::vector<std::byte> pool;
   kvq::LayerParams params;
-  if (P.key.centered) params.key_mean.assign(kKvHeads * kHeadDim, 0.1f);
-  {
+  std::vector<float> q, out, lse;
+  std::int32_t q_indptr[2] = {0, 1};
+  explicit QuantizedDecodeCase(int tokens) : t(tokens), pool(layout.page_bytes() * t.pages()) {
+    if (P.key.centered) params.key_mean.assign(kKvHeads * kHeadDim, 0.1f);
     const auto k = normal(std::size_t(tokens) * kKvHeads * kHeadDim, 1), v = normal(k.size(), 2);
     std::vector<std::int32_t> bi(tokens, 0), pos(tokens);
     std::iota(pos.begin(), pos.end(), 0);
     kvq::throw_if_error(kvq::append_kv<P>(kvq::PagedCacheView<P>{pool.data(), t.pages(), layout}, t.view(), k.data(),
                                           v.data(), tokens, bi.data(), pos.data(), params.view()));
+    q = normal(kQoHeads * kHeadDim, 3);
+    out.resize(q.size());
+    lse.resize(kQoHeads);
   }
-  const auto q = normal(kQoHeads * kHeadDim, 3);
-  std::vector<float> out(q.size()), lse(kQoHeads);
-  const std::int32_t q_indptr[2] = {0, 1};
-  const kvq::DecodeParams<float, float> p{q.data(), q_indptr, kQoHeads, nullptr, 0.f, false, out.data(), lse.data()};
-  const kvq::ConstPagedCacheView<P> cache{pool.data(), t.pages(), layout};
-  for (auto _ : state) {
-    kvq::throw_if_error(kvq::decode_attention<P>(cache, t.view(), p, params.view(), {Scoring}));
-    benchmark::DoNotOptimize(out.data());
-  }
+  kvq::ConstPagedCacheView<P> cache() const { return {pool.data(), t.pages(), layout}; }
+  kvq::DecodeParams<float, float> decode_params() { return {q.data(), q_indptr, kQoHeads, nullptr, 0.f, false, out.data(), lse.data()}; }
+};
+
+template <kvq::Policy P>
+void set_decode_counters(benchmark::State& state, int tokens) {
   const double bytes = double(tokens) * kKvHeads * kvq::PageLayout<P>::kBytesPerTokenHead;
   state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tok*head/s"] = benchmark::Counter(double(tokens) * kKvHeads, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["bytes/tok*head"] = double(kvq::PageLayout<P>::kBytesPerTokenHead);
 }
+
+// Quantized decode; Scoring picks fp32 key tiles (the reference) or int8-query integer dots.
+template <kvq::Policy P, kvq::KeyScoring Scoring = kvq::KeyScoring::fp32_tiles>
+void BM_DecodeQuantized(benchmark::State& state) {
+  const int tokens = int(state.range(0));
+  QuantizedDecodeCase<P> c(tokens);
+  const auto p = c.decode_params();
+  for (auto _ : state) {
+    kvq::throw_if_error(kvq::decode_attention<P>(c.cache(), c.t.view(), p, c.params.view(), {Scoring}));
+    benchmark::DoNotOptimize(c.out.data());
+  }
+  set_decode_counters<P>(state, tokens);
+}
+
+#if defined(_OPENMP)
+// The same decode split over the KV chunks of the one sequence, on range(1) OpenMP
+// threads (kvq::decode_attention_split, 1024-token chunks).
+template <kvq::Policy P, kvq::KeyScoring Scoring>
+void BM_DecodeQuantizedThreads(benchmark::State& state) {
+  const int tokens = int(state.range(0)), threads = int(state.range(1));
+  QuantizedDecodeCase<P> c(tokens);
+  const auto p = c.decode_params();
+  const kvq::SplitKvConfig split{1024};
+  const std::size_t bytes = kvq::split_decode_workspace_bytes<P>(c.t.view(), p, kKvHeads, split);
+  std::vector<std::byte> storage(bytes + 64);
+  auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(storage.data()) + 63) / 64 * 64);
+  const kvq::cpu::OpenMPExecutor executor{threads};
+  for (auto _ : state) {
+    kvq::throw_if_error(kvq::decode_attention_split<P>(c.cache(), c.t.view(), p, c.params.view(), {Scoring}, split,
+                                                       {aligned, bytes}, executor));
+    benchmark::DoNotOptimize(c.out.data());
+  }
+  set_decode_counters<P>(state, tokens);
+  state.counters["threads"] = threads;
+}
+#endif
 
 // The baseline: the same decode over an fp16 paged cache.
 void BM_DecodeFp16(benchmark::State& state) {
@@ -180,6 +217,10 @@ BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2, kInt8>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V4, kInt8>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V2, kInt8>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2_HC, kInt8>) KVQ_CONTEXTS;
+#if defined(_OPENMP)
+BENCHMARK(BM_DecodeQuantizedThreads<kvq::presets::K4V2, kInt8>)->Args({32768, 1})->Args({32768, 2})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeQuantizedThreads<kvq::presets::K2V2, kInt8>)->Args({32768, 1})->Args({32768, 2})->UseRealTime()->Unit(benchmark::kMicrosecond);
+#endif
 BENCHMARK(BM_ReadBandwidth)->Arg(64 << 20)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AppendFp16Copy)->Arg(4096)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2>)->Arg(4096)->Unit(benchmark::kMicrosecond);
@@ -192,12 +233,8 @@ BENCHMARK(BM_Fwht<256>);
 }  // namespace
 
 int main(int argc, char** argv) {
+  benchmark::AddCustomContext("kvq_cpu_isa", kvq::cpu::isa_name());
   benchmark::AddCustomContext("kvq_cpu_float_lanes", std::to_string(kvq::cpu::kNativeFloatLanes));
-#if defined(__F16C__)
-  benchmark::AddCustomContext("kvq_f16c", "yes");
-#else
-  benchmark::AddCustomContext("kvq_f16c", "no");
-#endif
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
