@@ -13,6 +13,8 @@
 #include "kvq/core/numeric.hpp"
 #include "kvq/core/quantizer.hpp"
 #include "kvq/core/status.hpp"
+#include "kvq/cpu/quantize.hpp"
+#include "kvq/cpu/tile.hpp"
 #include "kvq/layout/page_table.hpp"
 #include "kvq/layout/paged.hpp"
 #include "kvq/rotation/transform.hpp"
@@ -66,7 +68,8 @@ Status validate_append(const PagedCacheView<P>& cache, const PageTableView& tabl
   return {};
 }
 
-// Quantize-append (CPU reference).
+// Quantize-append on the CPU (SIMD where the engine's flags allow, bit-identical to the
+// scalar reference and to CUDA).
 //   keys, values  : [num_tokens, Hkv, D] of T
 //   batch_indices : [num_tokens] sequence of each token
 //   positions     : [num_tokens] position of each token inside its sequence
@@ -78,17 +81,16 @@ Status append_kv(const PagedCacheView<P>& cache, const PageTableView& table, con
   KVQ_RETURN_IF_ERROR(validate_append(cache, table, keys, values, num_tokens, batch_indices, positions, r));
   constexpr int D = P.head_dim;
   const int hkv = cache.layout.num_kv_heads;
-  float k[D], v[D];
+  alignas(64) float k[D], v[D];
   for (int i = 0; i < num_tokens; ++i) {
     const int b = batch_indices[i], pos = positions[i];
     std::byte* page = cache.page(table.page_of(b, pos));
     for (int h = 0; h < hkv; ++h) {
       const std::size_t row = (std::size_t(i) * hkv + h) * D;
-      for (int d = 0; d < D; ++d) {
-        k[d] = to_float(keys[row + d]);
-        v[d] = to_float(values[row + d]);
-      }
-      quantize_token_head<P>(k, v, h, pos % table.page_size, r, cache.layout, page);
+      detail::convert_row<D>(keys + row, k);
+      detail::convert_row<D>(values + row, v);
+      // The SIMD twin of quantize_token_head: the same bits (kvq/cpu/quantize.hpp).
+      cpu::quantize_token_head_fast<P>(k, v, h, pos % table.page_size, r, cache.layout, page);
     }
   }
   return {};

@@ -1,0 +1,157 @@
+// The SIMD append path (kvq/cpu/quantize.hpp) against the scalar reference that CUDA
+// runs too: the same bits for the FWHT, every group quantizer shape and whole
+// quantize-appends, on random rows and on adversarial ones (NaN/Inf, constant groups,
+// signed zeros, fp16 saturation, ranges below the metadata's resolution).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/paged_case.hpp"
+#include "kvq/cache/append.hpp"
+#include "kvq/cpu/quantize.hpp"
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Rows of D floats: random normals at several scales, then adversarial patterns.
+template <int D>
+std::vector<std::vector<float>> test_rows(std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<float>> rows;
+  for (float scale : {1.f, 1e-3f, 300.f, 1e6f}) {
+    std::normal_distribution<float> n(0.f, scale);
+    for (int k = 0; k < 8; ++k) {
+      std::vector<float> r(D);
+      for (auto& x : r) x = n(rng);
+      rows.push_back(r);
+    }
+  }
+  std::vector<float> r(D, 0.f);
+  rows.push_back(r);                                        // all +0
+  for (int i = 0; i < D; i += 3) r[i] = -0.f;
+  rows.push_back(r);                                        // ±0 mixed: the zero extremum's sign
+  for (int i = 0; i < D; ++i) r[i] = i % 5 == 0 ? -0.f : float(i % 7) * 0.25f;
+  rows.push_back(r);                                        // min is a signed zero
+  for (int i = 0; i < D; ++i) r[i] = -float(i % 7) * 0.25f;
+  for (int i = 0; i < D; i += 6) r[i] = (i % 12 == 0) ? 0.f : -0.f;
+  rows.push_back(r);                                        // max is a signed zero
+  std::fill(r.begin(), r.end(), 3.25f);
+  rows.push_back(r);                                        // constant
+  for (int i = 0; i < D; ++i) r[i] = 1.f + float(i % 3) * 1e-9f;
+  rows.push_back(r);                                        // range below fp16's resolution
+  for (int i = 0; i < D; ++i) r[i] = (i % 2 ? 1.f : -1.f) * 7e4f * float(1 + i % 3);
+  rows.push_back(r);                                        // beyond fp16: saturating metadata
+  for (int i = 0; i < D; ++i) r[i] = float(i) * 1e-40f;
+  rows.push_back(r);                                        // denormals
+  for (int special : {0, 1, 2}) {
+    std::normal_distribution<float> n;
+    for (auto& x : r) x = n(rng);
+    const float v = special == 0 ? std::nanf("") : (special == 1 ? kInf : -kInf);
+    r[5] = v;
+    r[D - 1] = v;
+    rows.push_back(r);                                      // non-finite groups next to finite ones
+  }
+  return rows;
+}
+
+// Bit-identical except that a NaN may carry another sign or payload (which NaN an add
+// of two NaNs returns depends on operand order, which compilers choose); the quantizer
+// stores every non-finite group the same way.
+template <int D>
+void check_fwht(std::uint32_t sign_seed) {
+  int index = 0;
+  for (const auto& row : test_rows<D>(sign_seed + 3)) {
+    std::vector<float> fast = row, generic = row;
+    kvq::cpu::hadamard_forward_fast<D>(fast.data(), sign_seed);
+    kvq::cpu::hadamard_forward_generic<D>(generic.data(), sign_seed);
+    for (int i = 0; i < D; ++i) {
+      if (std::isnan(generic[i])) {
+        EXPECT_TRUE(std::isnan(fast[i])) << "D " << D << " row " << index << " i " << i;
+      } else {
+        EXPECT_EQ(std::memcmp(&fast[i], &generic[i], sizeof(float)), 0)
+            << "D " << D << " seed " << sign_seed << " row " << index << " i " << i << ": " << fast[i] << " vs " << generic[i];
+      }
+    }
+    ++index;
+  }
+}
+
+TEST(CpuQuantize, FwhtIsBitIdenticalToTheScalarButterflies) {
+  for (std::uint32_t seed : {0u, 17u, 123456u}) {
+    check_fwht<64>(seed);
+    check_fwht<128>(seed);
+    check_fwht<256>(seed);
+  }
+}
+
+template <kvq::QuantSpec S, int D>
+void check_quantize_row() {
+  using Meta = kvq::MetaTraits<S.meta>;
+  constexpr int kBytes = D * S.bits / 8, kMeta = 2 * (D / S.group);
+  int rows = 0;
+  for (const auto& row : test_rows<D>(S.bits * 1000 + S.group)) {
+    std::vector<std::uint8_t> fast(kBytes, 0xAB), generic(kBytes, 0xCD);
+    std::vector<typename Meta::storage> fast_meta(kMeta), generic_meta(kMeta);
+    std::memset(fast_meta.data(), 0xAB, kMeta * sizeof(typename Meta::storage));
+    std::memset(generic_meta.data(), 0xCD, kMeta * sizeof(typename Meta::storage));
+    kvq::cpu::quantize_row_fast<S, D>(row.data(), fast.data(), fast_meta.data());
+    kvq::cpu::quantize_row_generic<S, D>(row.data(), generic.data(), generic_meta.data());
+    EXPECT_EQ(fast, generic) << kvq::to_string(S) << " row " << rows;
+    EXPECT_EQ(std::memcmp(fast_meta.data(), generic_meta.data(), kMeta * sizeof(typename Meta::storage)), 0)
+        << kvq::to_string(S) << " row " << rows;
+    ++rows;
+  }
+}
+
+constexpr kvq::QuantSpec spec(int bits, int group, kvq::MetaType meta = kvq::MetaType::fp16, int clip = 1000) {
+  return kvq::QuantSpec{bits, group, kvq::Rotation::none, false, clip, meta, 0};
+}
+
+TEST(CpuQuantize, GroupQuantizerIsBitIdenticalToTheScalarOne) {
+  using enum kvq::MetaType;
+  check_quantize_row<spec(4, 32), 128>();
+  check_quantize_row<spec(2, 32), 128>();
+  check_quantize_row<spec(8, 32), 128>();
+  check_quantize_row<spec(2, 128), 128>();
+  check_quantize_row<spec(4, 128), 128>();
+  check_quantize_row<spec(2, 16, bf16), 64>();
+  check_quantize_row<spec(4, 64, fp32), 256>();
+  check_quantize_row<spec(8, 128, bf16), 256>();
+  check_quantize_row<spec(4, 32, fp16, 960), 128>();  // clipping: the scalar path inside
+}
+
+// Whole appends: every page byte equals what the scalar quantize_token_head writes.
+template <kvq::Policy P>
+void check_append(std::uint32_t seed) {
+  constexpr int D = P.head_dim;
+  const int hkv = 2, tokens = 40, page_size = 16;
+  auto c = kvq::test::make_paged_case<P>(seed, page_size, hkv, hkv, {tokens}, {1});
+  std::vector<std::byte> reference = c.pool;  // the same poisoned bytes before any append
+  ASSERT_TRUE(c.append_all(seed).ok());        // kvq::append_kv, the SIMD path where available
+  const kvq::PagedCacheView<P> ref_cache{reference.data(), c.num_pages, c.layout()};
+  std::vector<float> k(D), v(D);
+  for (int t = 0; t < tokens; ++t)
+    for (int h = 0; h < hkv; ++h) {
+      const std::size_t row = (std::size_t(t) * hkv + h) * D;
+      for (int d = 0; d < D; ++d) k[d] = c.k[row + d], v[d] = c.v[row + d];
+      kvq::quantize_token_head<P>(k.data(), v.data(), h, t % page_size, c.params.view(), c.layout(),
+                                  ref_cache.page(c.table().page_of(0, t)));
+    }
+  EXPECT_EQ(std::memcmp(c.pool.data(), reference.data(), reference.size()), 0) << kvq::to_string(P);
+}
+
+TEST(CpuQuantize, AppendWritesTheScalarReferenceBytes) {
+  using namespace kvq::presets;
+  check_append<K4V2>(1);
+  check_append<K2V2_HC>(2);
+  check_append<K4V4_H.with_head_dim(256)>(3);
+  check_append<K8V8_HC.with_head_dim(64)>(4);
+  check_append<K2V2_R>(5);
+}
+
+}  // namespace
