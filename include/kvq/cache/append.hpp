@@ -79,18 +79,28 @@ Status append_kv(const PagedCacheView<P>& cache, const PageTableView& table, con
                  const RotationParams& r = {}) {
   static_assert(check_policy<P>());
   KVQ_RETURN_IF_ERROR(validate_append(cache, table, keys, values, num_tokens, batch_indices, positions, r));
-  constexpr int D = P.head_dim;
+  constexpr int D = P.head_dim, kBatch = 8;  // (token, head) items quantized together
   const int hkv = cache.layout.num_kv_heads;
-  alignas(64) float k[D], v[D];
+  alignas(64) float k[kBatch][D], v[kBatch][D];
+  float* k_rows[kBatch];
+  float* v_rows[kBatch];
+  int heads[kBatch], slots[kBatch];
+  std::byte* pages[kBatch];
+  for (int j = 0; j < kBatch; ++j) k_rows[j] = k[j], v_rows[j] = v[j];
+  int n = 0;
   for (int i = 0; i < num_tokens; ++i) {
     const int b = batch_indices[i], pos = positions[i];
     std::byte* page = cache.page(table.page_of(b, pos));
     for (int h = 0; h < hkv; ++h) {
       const std::size_t row = (std::size_t(i) * hkv + h) * D;
-      detail::convert_row<D>(keys + row, k);
-      detail::convert_row<D>(values + row, v);
-      // The SIMD twin of quantize_token_head: the same bits (kvq/cpu/quantize.hpp).
-      cpu::quantize_token_head_fast<P>(k, v, h, pos % table.page_size, r, cache.layout, page);
+      detail::convert_row<D>(keys + row, k[n]);
+      detail::convert_row<D>(values + row, v[n]);
+      heads[n] = h, slots[n] = pos % table.page_size, pages[n] = page;
+      if (++n == kBatch || (i + 1 == num_tokens && h + 1 == hkv)) {
+        // The SIMD twin of quantize_token_head: the same bits (kvq/cpu/quantize.hpp).
+        cpu::quantize_token_heads_fast<P, kBatch>(n, k_rows, v_rows, heads, slots, pages, r, cache.layout);
+        n = 0;
+      }
     }
   }
   return {};

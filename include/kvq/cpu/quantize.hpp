@@ -142,69 +142,110 @@ KVQ_FORCE_INLINE void hadamard_forward_fast(float* x, std::uint32_t sign_seed) {
   hadamard_forward_generic<D>(x, sign_seed);
 }
 
-// One row of D elements → packed codes and {scale, lo} per group (kvq::quantize_row's bits).
-template <QuantSpec S, int D>
-KVQ_FORCE_INLINE void quantize_row_fast(const float* x, std::uint8_t* packed, meta_storage_t<S.meta>* meta) {
+// n rows of D elements → packed codes and {scale, lo} per group (kvq::quantize_row's
+// bits for each row). The rows go phase by phase (ranges, then metadata, then codes)
+// so that the long dependency chain of each group (min/max → scale → fp16 round trip →
+// 1/s → codes) overlaps with the other groups' instead of running one after another.
+//   x[r] : [D] fp32;  packed[r] : [D·bits/8];  meta[r] : [D/G][2]
+template <QuantSpec S, int D, int kMaxRows>
+KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint8_t* const* packed,
+                                         meta_storage_t<S.meta>* const* meta) {
 #if KVQ_CPU_AVX512
-  constexpr int G = S.group;
+  constexpr int G = S.group, NG = D / G;
   constexpr bool kClip = S.clips() && clip_rank(G, S.clip_permille) < G - 1;
   if constexpr (!kClip && G % 16 == 0) {
     using Meta = MetaTraits<S.meta>;
-    constexpr int V = G / 16, kLevels = S.levels();
-    for (int g = 0; g < D / G; ++g) {
-      const float* xg = x + g * G;
-      std::uint8_t* pg = packed + g * (G * S.bits / 8);
-      meta_storage_t<S.meta>* mg = meta + 2 * g;
-      __m512 lo_v = _mm512_loadu_ps(xg), hi_v = lo_v, finite = _mm512_sub_ps(lo_v, lo_v);
-      for (int k = 1; k < V; ++k) {
-        const __m512 v = _mm512_loadu_ps(xg + 16 * k);
-        // vminps a, b is a < b ? a : b: the scalar select, with lo first.
-        lo_v = _mm512_maskz_min_ps(0xFFFF, lo_v, v);
-        hi_v = _mm512_maskz_max_ps(0xFFFF, hi_v, v);
-        finite = _mm512_add_ps(finite, _mm512_sub_ps(v, v));
+    constexpr int V = G / 16, kLevels = S.levels(), kGroupBytes = G * S.bits / 8;
+    float lo[kMaxRows * NG], hi[kMaxRows * NG], inv[kMaxRows * NG];
+    bool finite[kMaxRows * NG];
+    // 1. Ranges: lane-wise min/max over the group's vectors (two chains), then across
+    //    lanes. Only a zero extremum's sign depends on that order: it is recomputed in
+    //    the scalar order.
+    for (int r = 0; r < n; ++r)
+      for (int g = 0; g < NG; ++g) {
+        const float* xg = x[r] + g * G;
+        __m512 lo_v[2], hi_v[2], fin[2];
+        KVQ_UNROLL for (int c = 0; c < 2 && c < V; ++c) {
+          lo_v[c] = hi_v[c] = _mm512_loadu_ps(xg + 16 * c);
+          fin[c] = _mm512_sub_ps(lo_v[c], lo_v[c]);  // 0 for finite x, NaN otherwise
+        }
+        KVQ_UNROLL for (int k = 2; k < V; ++k) {
+          const __m512 v = _mm512_loadu_ps(xg + 16 * k);
+          lo_v[k % 2] = _mm512_maskz_min_ps(0xFFFF, lo_v[k % 2], v);
+          hi_v[k % 2] = _mm512_maskz_max_ps(0xFFFF, hi_v[k % 2], v);
+          fin[k % 2] = _mm512_add_ps(fin[k % 2], _mm512_sub_ps(v, v));
+        }
+        if constexpr (V > 1) {
+          lo_v[0] = _mm512_maskz_min_ps(0xFFFF, lo_v[0], lo_v[1]);
+          hi_v[0] = _mm512_maskz_max_ps(0xFFFF, hi_v[0], hi_v[1]);
+          fin[0] = _mm512_add_ps(fin[0], fin[1]);
+        }
+        const int i = r * NG + g;
+        finite[i] = _mm512_cmp_ps_mask(fin[0], _mm512_setzero_ps(), _CMP_EQ_OQ) == 0xFFFF;
+        lo[i] = detail::lanes_min(lo_v[0]);
+        hi[i] = detail::lanes_max(hi_v[0]);
+        if (finite[i] && (lo[i] == 0.f || hi[i] == 0.f)) {
+          float l = xg[0], h = xg[0];
+          for (int e = 1; e < G; ++e) l = fmin_f(l, xg[e]), h = fmax_f(h, xg[e]);
+          lo[i] = l, hi[i] = h;
+        }
       }
-      // x − x is 0 for finite x, NaN otherwise; the sum is 0 iff every element is finite.
-      if (_mm512_cmp_ps_mask(finite, _mm512_setzero_ps(), _CMP_EQ_OQ) != 0xFFFF) {
-        quantize_group<S>(xg, pg, mg);  // the non-finite group's defined result
-        continue;
+    // 2. Metadata: scale, stored {s, lo}, and 1/s (0 when s is stored as 0: codes 0).
+    for (int r = 0; r < n; ++r)
+      for (int g = 0; g < NG; ++g) {
+        const int i = r * NG + g;
+        meta_storage_t<S.meta>* mg = meta[r] + 2 * g;
+        if (!finite[i]) {
+          quantize_group<S>(x[r] + g * G, packed[r] + g * kGroupBytes, mg);  // the defined non-finite result
+          continue;
+        }
+        const float scale = div_rn(fmax_f(sub_rn(hi[i], lo[i]), 1e-8f), static_cast<float>(kLevels));
+        mg[0] = Meta::encode(scale);
+        mg[1] = Meta::encode(lo[i]);
+        const float s_stored = Meta::decode(mg[0]);
+        lo[i] = Meta::decode(mg[1]);
+        inv[i] = s_stored == 0.f ? 0.f : div_rn(1.f, s_stored);
       }
-      float lo = detail::lanes_min(lo_v), hi = detail::lanes_max(hi_v);
-      if (lo == 0.f || hi == 0.f) {  // the sign of a zero extremum follows the scalar order
-        lo = hi = xg[0];
-        for (int i = 1; i < G; ++i) lo = fmin_f(lo, xg[i]), hi = fmax_f(hi, xg[i]);
+    // 3. Codes: ⌊(x − lo)·inv + 0.5⌋ clamped to [0, levels]; inv = 0 gives 0 everywhere,
+    //    the scalar's s = 0 result.
+    const __m512 half = _mm512_set1_ps(0.5f), top = _mm512_set1_ps(float(kLevels));
+    for (int r = 0; r < n; ++r)
+      for (int g = 0; g < NG; ++g) {
+        const int i = r * NG + g;
+        if (!finite[i]) continue;
+        const float* xg = x[r] + g * G;
+        std::uint8_t* pg = packed[r] + g * kGroupBytes;
+        const __m512 inv_b = _mm512_set1_ps(inv[i]), lo_b = _mm512_set1_ps(lo[i]);
+        KVQ_UNROLL for (int k = 0; k < V; ++k) {
+          const __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(xg + 16 * k), lo_b), inv_b), half);
+          __m512 c = _mm512_maskz_roundscale_ps(0xFFFF, t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+          // vmaxps c, 0 is c > 0 ? c : 0, so a NaN (0·∞) becomes 0 as the scalar's !(v > 0) does.
+          c = _mm512_maskz_min_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, c, _mm512_setzero_ps()), top);
+          detail::pack16<S.bits>(_mm512_maskz_cvttps_epi32(0xFFFF, c), pg + k * (16 * S.bits / 8));
+        }
       }
-      const float scale = div_rn(fmax_f(sub_rn(hi, lo), 1e-8f), static_cast<float>(kLevels));
-      mg[0] = Meta::encode(scale);
-      mg[1] = Meta::encode(lo);
-      const float s_stored = Meta::decode(mg[0]), lo_stored = Meta::decode(mg[1]);
-      if (s_stored == 0.f) {
-        for (int b = 0; b < G * S.bits / 8; ++b) pg[b] = 0;
-        continue;
-      }
-      const __m512 inv = _mm512_set1_ps(div_rn(1.f, s_stored)), lo_b = _mm512_set1_ps(lo_stored);
-      const __m512 half = _mm512_set1_ps(0.5f), top = _mm512_set1_ps(float(kLevels));
-      for (int k = 0; k < V; ++k) {
-        const __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(xg + 16 * k), lo_b), inv), half);
-        __m512 c = _mm512_maskz_roundscale_ps(0xFFFF, t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        c = _mm512_maskz_min_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, c, _mm512_setzero_ps()), top);  // a NaN (0·∞) becomes 0, as !(v > 0) does
-        detail::pack16<S.bits>(_mm512_maskz_cvttps_epi32(0xFFFF, c), pg + k * (16 * S.bits / 8));
-      }
-    }
     return;
   }
 #endif
-  quantize_row_generic<S, D>(x, packed, meta);
+  for (int r = 0; r < n; ++r) quantize_row_generic<S, D>(x[r], packed[r], meta[r]);
 }
 
-// kvq::quantize_token_head on the host with the functions above: center, rotate,
-// quantize one key row and one value row of KV head h into `page`, slot `slot`.
-// k, v: [D] fp32 raw rows, overwritten (they become the transformed rows).
-template <Policy P>
-KVQ_FORCE_INLINE void quantize_token_head_fast(float* k, float* v, int h, int slot, const RotationParams& r,
-                                               const PageLayout<P>& layout, std::byte* page) {
+// One row (kvq::quantize_row's bits).
+template <QuantSpec S, int D>
+KVQ_FORCE_INLINE void quantize_row_fast(const float* x, std::uint8_t* packed, meta_storage_t<S.meta>* meta) {
+  quantize_rows_fast<S, D, 1>(1, &x, &packed, &meta);
+}
+
+// kvq::quantize_token_head on the host, for n ≤ kMaxRows (token, KV head) items at
+// once: center and rotate key row k[j] and value row v[j] of KV head heads[j] (in place:
+// the rows are overwritten), then quantize them into pages[j], slot slots[j].
+template <Policy P, int kMaxRows>
+KVQ_FORCE_INLINE void quantize_token_heads_fast(int n, float* const* k, float* const* v, const int* heads,
+                                                const int* slots, std::byte* const* pages, const RotationParams& r,
+                                                const PageLayout<P>& layout) {
   constexpr int D = P.head_dim;
   float scratch[D];
-  auto transform = [&]<QuantSpec S>(float* x, const float* mean, const float* rotation) {
+  auto transform = [&]<QuantSpec S>(float* x, int h, const float* mean, const float* rotation) {
     if constexpr (S.centered)
       for (int i = 0; i < D; ++i) x[i] = sub_rn(x[i], mean[h * D + i]);
     if constexpr (S.rotation == Rotation::hadamard) {
@@ -213,12 +254,20 @@ KVQ_FORCE_INLINE void quantize_token_head_fast(float* k, float* v, int h, int sl
       kvq::detail::rotate_forward<S, D>(x, kvq::detail::head_rotation<S, D>(rotation, h), scratch);
     }
   };
-  transform.template operator()<P.key>(k, r.key_mean, r.key_rotation);
-  quantize_row_fast<P.key, D>(k, reinterpret_cast<std::uint8_t*>(layout.key_codes(page, h, slot)),
-                              reinterpret_cast<meta_storage_t<P.key.meta>*>(layout.key_meta_bytes(page, h, slot)));
-  transform.template operator()<P.value>(v, r.value_mean, r.value_rotation);
-  quantize_row_fast<P.value, D>(v, reinterpret_cast<std::uint8_t*>(layout.value_codes(page, h, slot)),
-                                reinterpret_cast<meta_storage_t<P.value.meta>*>(layout.value_meta_bytes(page, h, slot)));
+  std::uint8_t* k_codes[kMaxRows];
+  std::uint8_t* v_codes[kMaxRows];
+  meta_storage_t<P.key.meta>* k_meta[kMaxRows];
+  meta_storage_t<P.value.meta>* v_meta[kMaxRows];
+  for (int j = 0; j < n; ++j) {
+    transform.template operator()<P.key>(k[j], heads[j], r.key_mean, r.key_rotation);
+    transform.template operator()<P.value>(v[j], heads[j], r.value_mean, r.value_rotation);
+    k_codes[j] = reinterpret_cast<std::uint8_t*>(layout.key_codes(pages[j], heads[j], slots[j]));
+    v_codes[j] = reinterpret_cast<std::uint8_t*>(layout.value_codes(pages[j], heads[j], slots[j]));
+    k_meta[j] = reinterpret_cast<meta_storage_t<P.key.meta>*>(layout.key_meta_bytes(pages[j], heads[j], slots[j]));
+    v_meta[j] = reinterpret_cast<meta_storage_t<P.value.meta>*>(layout.value_meta_bytes(pages[j], heads[j], slots[j]));
+  }
+  quantize_rows_fast<P.key, D, kMaxRows>(n, k, k_codes, k_meta);
+  quantize_rows_fast<P.value, D, kMaxRows>(n, v, v_codes, v_meta);
 }
 
 }  // namespace kvq::cpu
