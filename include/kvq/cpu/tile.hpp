@@ -157,7 +157,7 @@ template <int D, int RB>
 KVQ_FORCE_INLINE void accumulate_rows(const float (*KVQ_RESTRICT p)[kTokensPerBlock], int r0, const float* KVQ_RESTRICT v,
                                       int n, float* KVQ_RESTRICT acc) {
   constexpr int W = lanes_for(D);
-  constexpr int C = D % (2 * W) == 0 ? 2 : 1;
+  constexpr int C = D % (4 * W) == 0 && RB <= 4 ? 4 : (D % (2 * W) == 0 ? 2 : 1);
   for (int i = 0; i < D; i += C * W) {
     FloatVec<W> a[RB][C];
     KVQ_UNROLL for (int r = 0; r < RB; ++r)
