@@ -61,7 +61,7 @@ void attend_part(int begin, int length, int rows, const int* row_limit, float* a
         continue;
       }
       const float m_new = std::max(m[r], block_max);
-      const float correction = exp_f(m[r] - m_new);  // 0 when m was −∞
+      const float correction = m_new == m[r] ? 1.f : exp_f(m[r] - m_new);  // 0 when m was −∞
       if (correction != 1.f) {
         l[r] *= correction;
         for (int i = 0; i < D; ++i) acc[r * D + i] *= correction;
