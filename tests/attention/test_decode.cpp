@@ -127,7 +127,9 @@ void check_split(int page_size, int hkv, int hq, std::vector<int> lens, std::vec
   const std::vector<float> split(outs[0].begin(), outs[0].begin() + whole.size());
   std::vector<double> ref, ref_lse;
   c.reference(ref, ref_lse);
-  if (scoring == kvq::KeyScoring::fp32_tiles) EXPECT_LE(max_row_rel_err(split, ref, D), 1e-5) << "vs fp64";
+  if (scoring == kvq::KeyScoring::fp32_tiles) {
+    EXPECT_LE(max_row_rel_err(split, ref, D), 1e-5) << "vs fp64";
+  }
   std::vector<double> whole_d(whole.begin(), whole.end());
   EXPECT_LE(max_row_rel_err(split, whole_d, D), 1e-5) << "vs one pass, chunk " << chunk;
   for (std::size_t r = 0; r < whole_lse.size(); ++r) {

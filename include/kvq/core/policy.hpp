@@ -97,11 +97,24 @@ constexpr const char* to_string(MetaType m) {
   return m == MetaType::fp16 ? "fp16" : m == MetaType::bf16 ? "bf16" : "fp32";
 }
 // "b<bits> g<group> <rotation>[ centered] clip<permille> <meta>[ seed<sign_seed>]"
+// Appends piece by piece: GCC 12 misreports `"b" + std::to_string(…)` under -Wrestrict
+// once inlined (GCC PR 105329).
 inline std::string to_string(const QuantSpec& s) {
-  std::string o = "b" + std::to_string(s.bits) + " g" + std::to_string(s.group) + " " + to_string(s.rotation) +
-                  (s.centered ? " centered" : "") + " clip" + std::to_string(s.clip_permille) + " " +
-                  to_string(s.meta);
-  if (s.sign_seed) o += " seed" + std::to_string(s.sign_seed);
+  std::string o = "b";
+  o += std::to_string(s.bits);
+  o += " g";
+  o += std::to_string(s.group);
+  o += " ";
+  o += to_string(s.rotation);
+  if (s.centered) o += " centered";
+  o += " clip";
+  o += std::to_string(s.clip_permille);
+  o += " ";
+  o += to_string(s.meta);
+  if (s.sign_seed) {
+    o += " seed";
+    o += std::to_string(s.sign_seed);
+  }
   return o;
 }
 inline std::string to_string(const Policy& p) {

@@ -32,9 +32,9 @@ struct PageTableView {
   // Page number of token t of sequence b (t < seq_len(b)); its slot is t % page_size.
   KVQ_HOST_DEVICE int page_of(int b, int t) const { return indices[indptr[b] + t / page_size]; }
   // Calls fn(j, page, slot) for the tokens t0 + j, j < n, of sequence b (all inside it),
-  // walking the page list with one division per call rather than two per token.
+  // walking the page list with one division per call rather than two per token (host).
   template <class Fn>
-  KVQ_HOST_DEVICE void for_each_slot(int b, int t0, int n, Fn&& fn) const {
+  void for_each_slot(int b, int t0, int n, Fn&& fn) const {
     const std::int32_t* pages = indices + indptr[b];
     int k = t0 / page_size, slot = t0 - k * page_size;
     for (int j = 0; j < n; ++j) {
@@ -45,9 +45,9 @@ struct PageTableView {
 };
 
 // Calls fn(page, first_slot, count) for each page that tokens [t0, t0 + n) of sequence b
-// touch, with the run of slots they occupy there.
+// touch, with the run of slots they occupy there (host).
 template <class Fn>
-KVQ_HOST_DEVICE void for_each_page_run(const PageTableView& t, int b, int t0, int n, Fn&& fn) {
+void for_each_page_run(const PageTableView& t, int b, int t0, int n, Fn&& fn) {
   const std::int32_t* pages = t.indices + t.indptr[b];
   for (int token = t0; token < t0 + n;) {
     const int k = token / t.page_size, slot = token - k * t.page_size;
