@@ -168,6 +168,7 @@ TEST(DecodeAttentionSplit, RejectsBadChunksAndWorkspaces) {
                                              kvq::cpu::SerialExecutor{});
   };
   EXPECT_TRUE(call(64, {storage, bytes}).ok());
+  EXPECT_EQ(kvq::split_decode_workspace_bytes<K4V2>(c.table(), params, 2, {0}), 0u);  // no division by zero
   for (int chunk : {0, -32, 48}) {
     const kvq::Status s = call(chunk, {storage, sizeof storage});
     EXPECT_EQ(s.code(), kvq::StatusCode::invalid_argument) << chunk;

@@ -89,22 +89,34 @@ TEST(CpuQuantize, FwhtIsBitIdenticalToTheScalarButterflies) {
   }
 }
 
+// All test rows quantized in one quantize_rows_fast call (its phases run across rows),
+// each row against the scalar quantize_row.
 template <kvq::QuantSpec S, int D>
 void check_quantize_row() {
   using Meta = kvq::MetaTraits<S.meta>;
-  constexpr int kBytes = D * S.bits / 8, kMeta = 2 * (D / S.group);
-  int rows = 0;
-  for (const auto& row : test_rows<D>(S.bits * 1000 + S.group)) {
-    std::vector<std::uint8_t> fast(kBytes, 0xAB), generic(kBytes, 0xCD);
-    std::vector<typename Meta::storage> fast_meta(kMeta), generic_meta(kMeta);
-    std::memset(fast_meta.data(), 0xAB, kMeta * sizeof(typename Meta::storage));
-    std::memset(generic_meta.data(), 0xCD, kMeta * sizeof(typename Meta::storage));
-    kvq::cpu::quantize_row_fast<S, D>(row.data(), fast.data(), fast_meta.data());
-    kvq::cpu::quantize_row_generic<S, D>(row.data(), generic.data(), generic_meta.data());
-    EXPECT_EQ(fast, generic) << kvq::to_string(S) << " row " << rows;
-    EXPECT_EQ(std::memcmp(fast_meta.data(), generic_meta.data(), kMeta * sizeof(typename Meta::storage)), 0)
-        << kvq::to_string(S) << " row " << rows;
-    ++rows;
+  using MetaStorage = typename Meta::storage;
+  constexpr int kBytes = D * S.bits / 8, kMeta = 2 * (D / S.group), kMaxRows = 64;
+  const auto rows = test_rows<D>(S.bits * 1000 + S.group);
+  const int n = int(rows.size());
+  ASSERT_LE(n, kMaxRows);
+  std::vector<std::vector<std::uint8_t>> fast(n, std::vector<std::uint8_t>(kBytes, 0xAB));
+  std::vector<std::vector<MetaStorage>> fast_meta(n, std::vector<MetaStorage>(kMeta));
+  const float* x[kMaxRows];
+  std::uint8_t* packed[kMaxRows];
+  MetaStorage* meta[kMaxRows];
+  for (int r = 0; r < n; ++r) {
+    std::memset(fast_meta[r].data(), 0xAB, kMeta * sizeof(MetaStorage));
+    x[r] = rows[r].data(), packed[r] = fast[r].data(), meta[r] = fast_meta[r].data();
+  }
+  kvq::cpu::quantize_rows_fast<S, D, kMaxRows>(n, x, packed, meta);
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::uint8_t> generic(kBytes, 0xCD);
+    std::vector<MetaStorage> generic_meta(kMeta);
+    std::memset(generic_meta.data(), 0xCD, kMeta * sizeof(MetaStorage));
+    kvq::cpu::quantize_row_generic<S, D>(rows[r].data(), generic.data(), generic_meta.data());
+    EXPECT_EQ(fast[r], generic) << kvq::to_string(S) << " row " << r;
+    EXPECT_EQ(std::memcmp(fast_meta[r].data(), generic_meta.data(), kMeta * sizeof(MetaStorage)), 0)
+        << kvq::to_string(S) << " row " << r;
   }
 }
 

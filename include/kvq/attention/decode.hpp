@@ -131,7 +131,7 @@ struct QuantizedTileSource {
     }
   }
   void prefetch(int t0, int n) const {
-    for_each_page_run(table, batch, t0, n, [&](int page, int slot, int count) {
+    table.for_each_page_run(batch, t0, n, [&](int page, int slot, int count) {
       const auto& L = cache.layout;
       const std::byte* base = cache.page(page);
       prefetch_bytes(L.key_codes(base, head, slot), count * L.kKeyCodeBytes);
@@ -261,14 +261,13 @@ void decode_quantized(const ConstPagedCacheView<P>& cache, const PageTableView& 
 // and the first merge unit (unit = KV head × pass of ≤ kMaxRowsPerPass query rows; a
 // unit's keys are cut into `chunks` tasks), then one (o [D], lse) slot per task row.
 struct SplitLayout {
-  int batch, hkv, group, chunk_tokens, head_dim;
+  int batch, hkv, group, chunk_tokens;
   int tasks = 0, units = 0;
   std::size_t index_bytes = 0, bytes = 0;
 
   template <class Params>
   SplitLayout(const PageTableView& table, const Params& p, int num_kv_heads, int d, int chunk)
-      : batch(table.batch_size), hkv(num_kv_heads), group(p.num_qo_heads / num_kv_heads), chunk_tokens(chunk),
-        head_dim(d) {
+      : batch(table.batch_size), hkv(num_kv_heads), group(p.num_qo_heads / num_kv_heads), chunk_tokens(chunk) {
     for (int b = 0; b < batch; ++b) {
       units += hkv * passes(p, b);
       tasks += hkv * passes(p, b) * chunks(table, b);
@@ -383,10 +382,12 @@ struct SplitKvConfig {
 };
 
 // Workspace bytes decode_attention_split needs for this call's shape (host arrays:
-// table and p.q_indptr are read).
+// table and p.q_indptr are read). 0 for a chunk size or head counts that
+// decode_attention_split rejects.
 template <Policy P, ActivationType QT, ActivationType OT>
 std::size_t split_decode_workspace_bytes(const PageTableView& table, const DecodeParams<QT, OT>& p, int num_kv_heads,
                                          SplitKvConfig split = {}) {
+  if (split.chunk_tokens <= 0 || num_kv_heads < 1 || p.num_qo_heads < 1) return 0;
   return detail::SplitLayout(table, p, num_kv_heads, P.head_dim, split.chunk_tokens).bytes;
 }
 

@@ -28,14 +28,14 @@ namespace detail {
 template <int D, ActivationType T, class Rows>
 struct DenseTileSource {
   Rows rows;
+  const float* q;
+  int rows_padded;
   void prefetch(int t0, int n) const {
     rows(t0, n, [&](int, const T* key, const T* value) {
       prefetch_bytes(key, D * sizeof(T));
       prefetch_bytes(value, D * sizeof(T));
     });
   }
-  const float* q;
-  int rows_padded;
   void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) const {
     logits_from_tile<D>(q, rows_padded, t0, n, tile, s, [&](int t, int count, float* out) {
       rows(t, count, [&](int j, const T* key, const T*) { convert_row<D>(key, out + j * D); });

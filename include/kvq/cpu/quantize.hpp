@@ -62,23 +62,20 @@ KVQ_FORCE_INLINE __m512 butterfly_in_lanes(__m512 x) {
   return _mm512_mask_sub_ps(_mm512_add_ps(x, partner), kUpper, partner, x);
 }
 
-// Lowest / highest lane. The order of the lanes only matters for the sign of a zero,
-// which the caller recomputes.
-KVQ_FORCE_INLINE float lanes_min(__m512 v) {
+// Highest (kMax) or lowest lane. The order of the lanes only matters for the sign of a
+// zero, which the caller recomputes.
+template <bool kMax>
+KVQ_FORCE_INLINE float lanes_extreme(__m512 v) {
+  auto pick = [](auto a, auto b) {
+    if constexpr (sizeof(a) == 32) return kMax ? _mm256_max_ps(a, b) : _mm256_min_ps(a, b);
+    else return kMax ? _mm_max_ps(a, b) : _mm_min_ps(a, b);
+  };
   const __m512d d = _mm512_castps_pd(v);
-  __m256 h = _mm256_min_ps(_mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, d, 0)),
-                           _mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, d, 1)));
-  __m128 q = _mm_min_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_min_ps(q, _mm_movehl_ps(q, q));
-  return _mm_cvtss_f32(_mm_min_ss(q, _mm_movehdup_ps(q)));
-}
-KVQ_FORCE_INLINE float lanes_max(__m512 v) {
-  const __m512d d = _mm512_castps_pd(v);
-  __m256 h = _mm256_max_ps(_mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, d, 0)),
-                           _mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, d, 1)));
-  __m128 q = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
-  return _mm_cvtss_f32(_mm_max_ss(q, _mm_movehdup_ps(q)));
+  const __m256 h = pick(_mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, d, 0)),
+                        _mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, d, 1)));
+  __m128 q = pick(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = pick(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(pick(q, _mm_movehdup_ps(q)));
 }
 
 // Packs 16 codes (int32 lanes, each < 2^Bits) into 16·Bits/8 bytes, little-endian.
@@ -182,8 +179,8 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
         }
         const int i = r * NG + g;
         finite[i] = _mm512_cmp_ps_mask(fin[0], _mm512_setzero_ps(), _CMP_EQ_OQ) == 0xFFFF;
-        lo[i] = detail::lanes_min(lo_v[0]);
-        hi[i] = detail::lanes_max(hi_v[0]);
+        lo[i] = detail::lanes_extreme<false>(lo_v[0]);
+        hi[i] = detail::lanes_extreme<true>(hi_v[0]);
         if (finite[i] && (lo[i] == 0.f || hi[i] == 0.f)) {
           float l = xg[0], h = xg[0];
           for (int e = 1; e < G; ++e) l = fmin_f(l, xg[e]), h = fmax_f(h, xg[e]);
@@ -228,12 +225,6 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
   }
 #endif
   for (int r = 0; r < n; ++r) quantize_row_generic<S, D>(x[r], packed[r], meta[r]);
-}
-
-// One row (kvq::quantize_row's bits).
-template <QuantSpec S, int D>
-KVQ_FORCE_INLINE void quantize_row_fast(const float* x, std::uint8_t* packed, meta_storage_t<S.meta>* meta) {
-  quantize_rows_fast<S, D, 1>(1, &x, &packed, &meta);
 }
 
 // kvq::quantize_token_head on the host, for n ≤ kMaxRows (token, KV head) items at

@@ -143,16 +143,14 @@ struct Int8Query {
   void score_block(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta, int rows,
                    float (*s)[kTokensPerBlock]) const {
 #if KVQ_CPU_AVX512_VNNI
-    if constexpr (2 * kGroups <= 32) {
-      score_block_vnni<M>(n, codes, meta, rows, s);
-      return;
-    }
-#endif
+    score_block_vnni<M>(n, codes, meta, rows, s);
+#else
     float decoded[2 * kGroups];
     for (int j = 0; j < n; ++j) {
       for (int i = 0; i < 2 * kGroups; ++i) decoded[i] = MetaTraits<M>::decode(meta[j][i]);
       score(codes[j], decoded, rows, &s[0][j], kTokensPerBlock);
     }
+#endif
   }
 
  private:

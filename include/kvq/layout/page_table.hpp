@@ -42,20 +42,19 @@ struct PageTableView {
       if (++slot == page_size) slot = 0, ++k;
     }
   }
-};
-
-// Calls fn(page, first_slot, count) for each page that tokens [t0, t0 + n) of sequence b
-// touch, with the run of slots they occupy there (host).
-template <class Fn>
-void for_each_page_run(const PageTableView& t, int b, int t0, int n, Fn&& fn) {
-  const std::int32_t* pages = t.indices + t.indptr[b];
-  for (int token = t0; token < t0 + n;) {
-    const int k = token / t.page_size, slot = token - k * t.page_size;
-    const int count = t.page_size - slot < t0 + n - token ? t.page_size - slot : t0 + n - token;
-    fn(pages[k], slot, count);
-    token += count;
+  // Calls fn(page, first_slot, count) for each page that tokens [t0, t0 + n) of
+  // sequence b touch, with the run of slots they occupy there (host).
+  template <class Fn>
+  void for_each_page_run(int b, int t0, int n, Fn&& fn) const {
+    const std::int32_t* pages = indices + indptr[b];
+    for (int token = t0; token < t0 + n;) {
+      const int k = token / page_size, slot = token - k * page_size;
+      const int count = page_size - slot < t0 + n - token ? page_size - slot : t0 + n - token;
+      fn(pages[k], slot, count);
+      token += count;
+    }
   }
-}
+};
 
 // Checks the whole table against a pool of `num_pages` pages. Host memory only.
 inline Status validate_page_table(const PageTableView& t, int num_pages) {
