@@ -32,14 +32,19 @@ function(kvq_add_core_test name)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
 endfunction()
 
-# kvq_add_isa_twin(<name> <prefix> <flag> SOURCES <src>...): the same test sources once
-# more, compiled with a target flag (-march=native: AVX-512 VNNI and F16C on CI's
-# machines; -march=haswell: AVX2 without AVX-512), so the portable and the SIMD paths of
-# the CPU code are all tested. Skipped when the compiler lacks the flag; CTest names get
+# kvq_add_isa_twin(<name> <prefix> <flag> [NOT_SANITIZED] SOURCES <src>...): the same test
+# sources once more, compiled with a target flag (-march=native: AVX-512 VNNI and F16C on
+# CI's machines; -march=haswell: AVX2 without AVX-512), so the portable and the SIMD paths
+# of the CPU code are all tested. Skipped when the compiler lacks the flag; CTest names get
 # the prefix "<prefix>.". An ISA the machine lacks fails loudly (SIGILL), never silently.
+# NOT_SANITIZED twins are left out of the sanitizer build, which keeps CI's time bounded:
+# it still runs each SIMD kernel's own tests (tests/cpu) under ASan+UBSan in every ISA.
 include(CheckCXXCompilerFlag)
 function(kvq_add_isa_twin name prefix flag)
-  cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
+  cmake_parse_arguments(ARG "NOT_SANITIZED" "" "SOURCES" ${ARGN})
+  if(ARG_NOT_SANITIZED AND KVQ_SANITIZE)
+    return()
+  endif()
   string(MAKE_C_IDENTIFIER "KVQ_HAS_FLAG_${flag}" has_flag)
   check_cxx_compiler_flag(${flag} ${has_flag})
   if(NOT ${has_flag})
