@@ -364,7 +364,7 @@ int cmd_passkey(const std::string& model_path, const PasskeyArgs& a, const Param
 
 struct CaptureArgs {
   std::string text, out, layers = "all", dtype = "f32";
-  int seq_len = 512, seqs = 4, skip = 0;
+  int seq_len = 1024, seqs = 8, skip = 0;  // the calibration recipe (README): 6 train, 2 held out
   bool save_ids = false, save_kv_weights = false;
 };
 

@@ -79,7 +79,8 @@ TEST(OptRReal, LowersHeldOutLossesOnSmolLM2) {
   if (!std::filesystem::exists(kFixture)) GTEST_SKIP() << "fixture missing: " << kFixture;
   const OptRConfig cfg;  // DESIGN §6.3 defaults
   const Outcome o = run(cfg);
-  // Measured (2026-11-30), plain Release: with the §6.3 estimator K 0.686, V 0.754, end to
+  // Measured (2026-12-01), plain Release, default lr 0.005: K 0.663, V 0.633, end to end
+  // 0.489 (K 9/9, V 7/9 heads lowered). With lr 0.02 (2026-11-30): K 0.686, V 0.754, end to
   // end 0.622 (V 9/9 heads lowered, end to end 8/9); with the earlier identity estimator
   // K 0.775, V 0.810, end to end 0.581 (V 7/9), and -march=native moved those to 0.764,
   // 0.833, 0.617 (V 6/9): the ISA changes Eigen's summation order, and 80 steps through a
@@ -88,9 +89,9 @@ TEST(OptRReal, LowersHeldOutLossesOnSmolLM2) {
   // diagnostics (DESIGN §6.3): two V heads of nine find no rotation better than the base
   // on the one held-out sequence and keep it, and whether a third does depends on the
   // last bits of its loss, i.e. on compiler flags.
-  EXPECT_LT(o.k_ratio, 0.90);
-  EXPECT_LT(o.v_ratio, 0.92);
-  EXPECT_LT(o.e2e_ratio, 0.75);
+  EXPECT_LT(o.k_ratio, 0.80);
+  EXPECT_LT(o.v_ratio, 0.80);
+  EXPECT_LT(o.e2e_ratio, 0.65);
 }
 
 // DESIGN §6.3: the artifact is a function of the inputs and options alone, whatever the

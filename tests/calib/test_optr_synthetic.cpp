@@ -22,8 +22,7 @@ std::vector<LayerActivations> layers() {
 
 OptRConfig small_config(BaseKind base) {
   OptRConfig c;
-  // Small windows so that short synthetic sequences have quantized tokens; a lower
-  // lr than the default 0.02 because 6 training sequences overfit quickly.
+  // Small windows so that short synthetic sequences have quantized tokens.
   c.prefix = 8;
   c.recent = 32;
   c.qwin = 32;
