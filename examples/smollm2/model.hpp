@@ -21,6 +21,7 @@
 
 #include "kvq/cache/host_cache.hpp"
 #include "kvq/core/status.hpp"
+#include "caches.hpp"
 #include "gguf.hpp"
 
 namespace smollm2 {
@@ -163,10 +164,8 @@ class Model {
     opt.num_kv_heads = cfg.n_kv_heads;
     opt.num_qo_heads = cfg.n_heads;
     std::vector<std::unique_ptr<kvq::KVCache>> caches;
-    kvq::throw_if_error(kvq::dispatch_head_dim<64, 128>(cfg.head_dim, [&]<int D>() {
-      for (int l = 0; l < cfg.n_layers; ++l)
-        caches.push_back(kvq::make_kv_cache<D>(layer_policy[l], opt, params ? (*params)[l] : kvq::LayerParams{}));
-    }));
+    for (int l = 0; l < cfg.n_layers; ++l)
+      caches.push_back(make_kv_cache(layer_policy[l], cfg.head_dim, opt, params ? (*params)[l] : kvq::LayerParams{}));
     return caches;
   }
 

@@ -1,5 +1,5 @@
 # Defines the INTERFACE target kvq_smollm2 (model, tokenizer and io headers plus their
-# dependencies) and sets KVQ_SMOLLM2_OK. Included by examples/smollm2 and tests/model,
+# dependencies, and caches.cpp, which each consumer compiles once with its own flags) and sets KVQ_SMOLLM2_OK. Included by examples/smollm2 and tests/model,
 # whichever is configured first.
 if(TARGET kvq_smollm2)
   set(KVQ_SMOLLM2_OK ON)
@@ -18,5 +18,6 @@ if(NOT (Eigen3_FOUND AND nlohmann_json_FOUND AND PCRE2_FOUND))
 endif()
 add_library(kvq_smollm2 INTERFACE)
 target_include_directories(kvq_smollm2 INTERFACE ${CMAKE_CURRENT_LIST_DIR})
+target_sources(kvq_smollm2 INTERFACE ${CMAKE_CURRENT_LIST_DIR}/caches.cpp)
 target_link_libraries(kvq_smollm2 INTERFACE kvq::kvq Eigen3::Eigen nlohmann_json::nlohmann_json PkgConfig::PCRE2)
 set(KVQ_SMOLLM2_OK ON)

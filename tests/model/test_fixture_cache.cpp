@@ -6,7 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "kvq/cache/host_cache.hpp"
+#include "caches.hpp"
 #include "kvq/io/safetensors.hpp"
 
 namespace {
@@ -68,7 +68,7 @@ std::vector<float> attend_all(const Layer& a, const std::vector<std::int64_t>& o
   opt.sink_tokens = 16;
   opt.recent_tokens = 64;
   opt.max_query_tokens = block;
-  auto cache = kvq::make_kv_cache<64>(policy, opt);
+  auto cache = smollm2::make_kv_cache(policy, d, opt);
   std::vector<float> out(a.q.size());
   for (std::size_t s = 0; s + 1 < off.size(); ++s) {
     cache->clear();
