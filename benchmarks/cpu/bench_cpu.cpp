@@ -72,14 +72,17 @@ void set_decode_counters(benchmark::State& state, int tokens) {
   state.counters["bytes/tok*head"] = double(kvq::PageLayout<P>::kBytesPerTokenHead);
 }
 
-// Quantized decode; Scoring picks fp32 key tiles (the reference) or int8-query integer dots.
-template <kvq::Policy P, kvq::KeyScoring Scoring = kvq::KeyScoring::fp32_tiles>
+// Quantized decode; Scoring picks fp32 key tiles (the reference) or int8-query integer
+// dots, Values fp32 value tiles (the reference) or int8 weights on the value codes. Both
+// int8: the fastest mode.
+template <kvq::Policy P, kvq::KeyScoring Scoring = kvq::KeyScoring::fp32_tiles,
+          kvq::ValueAccumulation Values = kvq::ValueAccumulation::fp32_tiles>
 void BM_DecodeQuantized(benchmark::State& state) {
   const int tokens = int(state.range(0));
   QuantizedDecodeCase<P> c(tokens);
   const auto p = c.decode_params();
   for (auto _ : state) {
-    kvq::throw_if_error(kvq::decode_attention<P>(c.cache(), c.t.view(), p, c.params.view(), {Scoring}));
+    kvq::throw_if_error(kvq::decode_attention<P>(c.cache(), c.t.view(), p, c.params.view(), {Scoring, Values}));
     benchmark::DoNotOptimize(c.out.data());
   }
   set_decode_counters<P>(state, tokens);
@@ -88,7 +91,7 @@ void BM_DecodeQuantized(benchmark::State& state) {
 #if defined(_OPENMP)
 // The same decode split over the KV chunks of the one sequence, on range(1) OpenMP
 // threads (kvq::decode_attention_split, 1024-token chunks).
-template <kvq::Policy P, kvq::KeyScoring Scoring>
+template <kvq::Policy P, kvq::KeyScoring Scoring, kvq::ValueAccumulation Values>
 void BM_DecodeQuantizedThreads(benchmark::State& state) {
   const int tokens = int(state.range(0)), threads = int(state.range(1));
   QuantizedDecodeCase<P> c(tokens);
@@ -99,7 +102,7 @@ void BM_DecodeQuantizedThreads(benchmark::State& state) {
   auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(storage.data()) + 63) / 64 * 64);
   const kvq::cpu::OpenMPExecutor executor{threads};
   for (auto _ : state) {
-    kvq::throw_if_error(kvq::decode_attention_split<P>(c.cache(), c.t.view(), p, c.params.view(), {Scoring}, split,
+    kvq::throw_if_error(kvq::decode_attention_split<P>(c.cache(), c.t.view(), p, c.params.view(), {Scoring, Values}, split,
                                                        {aligned, bytes}, executor));
     benchmark::DoNotOptimize(c.out.data());
   }
@@ -212,14 +215,21 @@ BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V4>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V2>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2_HC>) KVQ_CONTEXTS;
 constexpr auto kInt8 = kvq::KeyScoring::int8_query;
+constexpr auto kFp32Keys = kvq::KeyScoring::fp32_tiles;
+constexpr auto kInt8Values = kvq::ValueAccumulation::int8_weights;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V4, kInt8>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2, kInt8>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V4, kInt8>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V2, kInt8>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2_HC, kInt8>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2, kFp32Keys, kInt8Values>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V4, kInt8, kInt8Values>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2, kInt8, kInt8Values>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V2, kInt8, kInt8Values>) KVQ_CONTEXTS;
+BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2_HC, kInt8, kInt8Values>) KVQ_CONTEXTS;
 #if defined(_OPENMP)
-BENCHMARK(BM_DecodeQuantizedThreads<kvq::presets::K4V2, kInt8>)->Args({32768, 1})->Args({32768, 2})->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_DecodeQuantizedThreads<kvq::presets::K2V2, kInt8>)->Args({32768, 1})->Args({32768, 2})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeQuantizedThreads<kvq::presets::K4V2, kInt8, kInt8Values>)->Args({32768, 1})->Args({32768, 2})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeQuantizedThreads<kvq::presets::K2V2, kInt8, kInt8Values>)->Args({32768, 1})->Args({32768, 2})->UseRealTime()->Unit(benchmark::kMicrosecond);
 #endif
 BENCHMARK(BM_ReadBandwidth)->Arg(64 << 20)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AppendFp16Copy)->Arg(4096)->Unit(benchmark::kMicrosecond);

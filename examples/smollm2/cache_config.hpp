@@ -26,7 +26,7 @@ namespace smollm2 {
 // Cache options of the CLI (kvq::HostCacheOptions without the model's head counts).
 struct CacheArgs {
   int sink = 64, recent = 256, flush = 16, page = 16, block = 64;
-  bool int8_keys = false;
+  bool int8_keys = false, int8_values = false;
   kvq::HostCacheOptions options() const {
     kvq::HostCacheOptions o;
     o.sink_tokens = sink;
@@ -35,6 +35,7 @@ struct CacheArgs {
     o.page_size = page;
     o.max_query_tokens = block;
     o.key_scoring = int8_keys ? kvq::KeyScoring::int8_query : kvq::KeyScoring::fp32_tiles;
+    o.value_accumulation = int8_values ? kvq::ValueAccumulation::int8_weights : kvq::ValueAccumulation::fp32_tiles;
     return o;
   }
 };

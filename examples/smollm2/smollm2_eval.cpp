@@ -489,6 +489,8 @@ int main(int argc, char** argv) {
   app.add_option("--block", ca.block, "tokens per forward step (append, then attend as the last block)")->check(CLI::Range(1, 512));
   app.add_flag("--int8-keys", ca.int8_keys,
                "score quantized keys with integer dot products on an int8 query (kvq::KeyScoring::int8_query)");
+  app.add_flag("--int8-values", ca.int8_values,
+               "accumulate quantized values on their codes with int8 weights (kvq::ValueAccumulation::int8_weights)");
 
   EvalArgs ea;
   auto* eval = app.add_subcommand("eval", "perplexity, KL vs fp32 and top-1 agreement for a list of policies");

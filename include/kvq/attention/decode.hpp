@@ -28,6 +28,7 @@
 #include "kvq/cpu/executor.hpp"
 #include "kvq/cpu/online.hpp"
 #include "kvq/cpu/query_int8.hpp"
+#include "kvq/cpu/value_int8.hpp"
 #include "kvq/layout/page_table.hpp"
 #include "kvq/layout/paged.hpp"
 #include "kvq/rotation/transform.hpp"
@@ -43,9 +44,25 @@ enum class KeyScoring : std::uint8_t {
                // 8 bits per key group
 };
 
+// How the CPU decode accumulates the softmax-weighted values.
+enum class ValueAccumulation : std::uint8_t {
+  fp32_tiles,    // values dequantized into fp32 tiles: the reference
+  int8_weights,  // integer dot products on the codes with int8 weights p·s per row and
+                 // block (kvq/cpu/value_int8.hpp): faster; each weight keeps 8 bits
+                 // relative to its block's largest. Needs value_group·bits/8 a
+                 // multiple of 16 bytes (every preset)
+};
+
 struct CpuDecodeOptions {
   KeyScoring key_scoring = KeyScoring::fp32_tiles;
+  ValueAccumulation value_accumulation = ValueAccumulation::fp32_tiles;
 };
+
+// Whether policy P can use ValueAccumulation::int8_weights (every kvq preset can).
+template <Policy P>
+constexpr bool supports_int8_value_weights() {
+  return detail::int8_values_supported<P.value.bits, P.value.group, P.head_dim>();
+}
 
 namespace detail {
 
@@ -100,14 +117,19 @@ KVQ_FORCE_INLINE bool dequantize_row_slabs(const std::uint8_t* KVQ_RESTRICT code
 //   fp32_tiles : q is [padded_rows(rows)][D], τ·q' in the key slab order; keys are
 //                dequantized into fp32 tiles
 //   int8_query : q8 holds the int8 rows; keys are scored on their codes
+// Values are dequantized into fp32 tiles (values), or accumulated on their codes with
+// int8 weights when v8 is set (accumulate_values).
 template <Policy P, KeyScoring S>
 struct QuantizedTileSource {
   static constexpr int D = P.head_dim;
+  static constexpr bool kInt8Values = supports_int8_value_weights<P>();
+  using ValueBlock = std::conditional_t<kInt8Values, Int8ValueBlock<P.value.bits, P.value.group, D>, void>;
   const ConstPagedCacheView<P>& cache;
   const PageTableView& table;
   int batch, head, rows;
   const float* q;
   const Int8Query<P.key.bits, P.key.group, D>* q8;
+  ValueBlock* v8;  // nullptr: fp32 value tiles
 
   void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) const {
     if constexpr (S == KeyScoring::fp32_tiles) {
@@ -153,6 +175,34 @@ struct QuantizedTileSource {
     });
     return finite;
   }
+  // acc [rows_padded][D] += Σ_j p[r][j]·v̂_j on the codes (kvq/cpu/value_int8.hpp). False,
+  // with acc untouched, without v8 or when the block has non-finite weights or metadata.
+  bool accumulate_values(int t0, int n, const float (*p)[kTokensPerBlock], int rows_padded, float* acc) const {
+    if constexpr (kInt8Values) {
+      if (!v8) return false;
+      constexpr int kGroups = D / P.value.group;
+      const std::uint8_t* codes[kTokensPerBlock];
+      alignas(32) float scale[kGroups][kTokensPerBlock], lo[kGroups][kTokensPerBlock];
+      table.for_each_slot(batch, t0, n, [&](int j, int page, int slot) {
+        const std::byte* base = cache.page(page);
+        codes[j] = reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(base, head, slot));
+        const auto* meta =
+            reinterpret_cast<const meta_storage_t<P.value.meta>*>(cache.layout.value_meta_bytes(base, head, slot));
+        for (int g = 0; g < kGroups; ++g) {
+          scale[g][j] = MetaTraits<P.value.meta>::decode(meta[2 * g]);
+          lo[g][j] = MetaTraits<P.value.meta>::decode(meta[2 * g + 1]);
+        }
+      });
+      for (int g = 0; g < kGroups; ++g)
+        for (int j = n; j < kTokensPerBlock; ++j) scale[g][j] = lo[g][j] = 0.f;
+      if (!v8->set_weights(p, rows_padded, scale, lo)) return false;
+      v8->accumulate(codes, n, rows_padded);
+      v8->add_to(acc, rows_padded);
+      return true;
+    } else {
+      return false;
+    }
+  }
 
  private:
   const meta_storage_t<P.key.meta>* key_meta(const std::byte* page, int slot) const {
@@ -170,6 +220,17 @@ Status validate_decode(const ConstPagedCacheView<P>& cache, const PageTableView&
   return validate_rotation_params<P>(r);
 }
 
+template <Policy P>
+Status validate_value_accumulation(const CpuDecodeOptions& o) {
+  using enum StatusCode;
+  KVQ_CHECK_ARG(o.value_accumulation == ValueAccumulation::fp32_tiles ||
+                    o.value_accumulation == ValueAccumulation::int8_weights,
+                invalid_argument, "attention: unknown value_accumulation");
+  KVQ_CHECK_ARG(o.value_accumulation != ValueAccumulation::int8_weights || supports_int8_value_weights<P>(), unsupported,
+                "attention: int8 value weights need value group·bits/8 a multiple of 16 bytes");
+  return {};
+}
+
 }  // namespace detail
 
 namespace detail {
@@ -181,7 +242,8 @@ namespace detail {
 // a row that sees no key gets o = 0, lse = −∞.
 template <Policy P, KeyScoring S, ActivationType QT, ActivationType OT, class Write>
 void decode_pass(const ConstPagedCacheView<P>& cache, const PageTableView& table, const DecodeParams<QT, OT>& p,
-                 const RotationParams& r, int b, int h, int r0, int rows, int t_begin, int t_end, Write&& write) {
+                 const RotationParams& r, bool int8_values, int b, int h, int r0, int rows, int t_begin, int t_end,
+                 Write&& write) {
   constexpr int D = P.head_dim;
   constexpr int kRows = kMaxRowsPerPass;
   const int hkv = cache.layout.num_kv_heads;
@@ -219,7 +281,12 @@ void decode_pass(const ConstPagedCacheView<P>& cache, const PageTableView& table
     const long long lim = static_cast<long long>(i) + offset;
     limit[rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
   }
-  QuantizedTileSource<P, S> source{cache, table, b, h, rows, q_slabs, q8_rows};
+  using Source = QuantizedTileSource<P, S>;
+  std::conditional_t<Source::kInt8Values, typename Source::ValueBlock, Unused> v8;
+  typename Source::ValueBlock* v8_block = nullptr;
+  if constexpr (Source::kInt8Values)
+    if (int8_values) v8_block = &v8;
+  Source source{cache, table, b, h, rows, q_slabs, q8_rows, v8_block};
   attend_part<D>(t_begin, t_end, rows, limit, acc, m, l, source);
   // Normalize, return to the output basis, write.
   for (int rr = 0; rr < rows; ++rr) {
@@ -244,13 +311,13 @@ KVQ_FORCE_INLINE void write_decode_row(const DecodeParams<QT, OT>& p, int group,
 
 template <Policy P, KeyScoring S, ActivationType QT, ActivationType OT>
 void decode_quantized(const ConstPagedCacheView<P>& cache, const PageTableView& table, const DecodeParams<QT, OT>& p,
-                      const RotationParams& r) {
+                      const RotationParams& r, bool int8_values) {
   const int hkv = cache.layout.num_kv_heads, group = p.num_qo_heads / hkv;
   for (int b = 0; b < table.batch_size; ++b) {
     const int rows_total = (p.q_indptr[b + 1] - p.q_indptr[b]) * group;
     for (int h = 0; h < hkv; ++h)
       for (int r0 = 0; r0 < rows_total; r0 += kMaxRowsPerPass)
-        decode_pass<P, S>(cache, table, p, r, b, h, r0, std::min(kMaxRowsPerPass, rows_total - r0), 0,
+        decode_pass<P, S>(cache, table, p, r, int8_values, b, h, r0, std::min(kMaxRowsPerPass, rows_total - r0), 0,
                           table.seq_len(b), [&](int rr, const float* o, float lse) {
                             write_decode_row<P.head_dim>(p, group, b, h, r0, rr, o, lse);
                           });
@@ -304,8 +371,8 @@ SplitItem locate_split_item(const SplitLayout& L, const std::int32_t* begin, int
 
 template <Policy P, KeyScoring S, ActivationType QT, ActivationType OT, class Exec>
 void decode_quantized_split(const ConstPagedCacheView<P>& cache, const PageTableView& table,
-                            const DecodeParams<QT, OT>& p, const RotationParams& r, const SplitLayout& L,
-                            std::byte* workspace, Exec& ex) {
+                            const DecodeParams<QT, OT>& p, const RotationParams& r, bool int8_values,
+                            const SplitLayout& L, std::byte* workspace, Exec& ex) {
   constexpr int D = P.head_dim;
   auto* task_begin = reinterpret_cast<std::int32_t*>(workspace);
   std::int32_t* unit_begin = task_begin + (L.batch + 1);
@@ -319,7 +386,7 @@ void decode_quantized_split(const ConstPagedCacheView<P>& cache, const PageTable
   ex(L.tasks, [&](int task) {
     const SplitItem it = locate_split_item(L, task_begin, task, table, p, true);
     const int t_begin = it.c * L.chunk_tokens, t_end = std::min(table.seq_len(it.b), t_begin + L.chunk_tokens);
-    decode_pass<P, S>(cache, table, p, r, it.b, it.h, it.r0, it.rows, t_begin, std::max(t_begin, t_end),
+    decode_pass<P, S>(cache, table, p, r, int8_values, it.b, it.h, it.r0, it.rows, t_begin, std::max(t_begin, t_end),
                       [&](int rr, const float* o, float lse) {
                         float* dst = slot(task, rr);
                         std::copy(o, o + D, dst);
@@ -360,12 +427,14 @@ Status decode_attention(const ConstPagedCacheView<P>& cache, const PageTableView
   KVQ_RETURN_IF_ERROR(validate_decode_params(p, table, cache.layout.num_kv_heads));
   KVQ_CHECK_ARG(!p.rotated_output || !P.value.centered, StatusCode::invalid_argument,
                 "attention: rotated_output needs a policy without value centering");
+  KVQ_RETURN_IF_ERROR(detail::validate_value_accumulation<P>(options));
+  const bool int8_values = options.value_accumulation == ValueAccumulation::int8_weights;
   switch (options.key_scoring) {
     case KeyScoring::fp32_tiles:
-      detail::decode_quantized<P, KeyScoring::fp32_tiles>(cache, table, p, r);
+      detail::decode_quantized<P, KeyScoring::fp32_tiles>(cache, table, p, r, int8_values);
       return {};
     case KeyScoring::int8_query:
-      detail::decode_quantized<P, KeyScoring::int8_query>(cache, table, p, r);
+      detail::decode_quantized<P, KeyScoring::int8_query>(cache, table, p, r, int8_values);
       return {};
   }
   return {StatusCode::invalid_argument, "attention: unknown key_scoring"};
@@ -412,12 +481,16 @@ Status decode_attention_split(const ConstPagedCacheView<P>& cache, const PageTab
                     std::to_string(layout.bytes) + " (split_decode_workspace_bytes)");
   KVQ_CHECK_ARG(reinterpret_cast<std::uintptr_t>(workspace.data()) % 64 == 0, invalid_argument,
                 "split decode: workspace must be 64-byte aligned");
+  KVQ_RETURN_IF_ERROR(detail::validate_value_accumulation<P>(options));
+  const bool int8_values = options.value_accumulation == ValueAccumulation::int8_weights;
   switch (options.key_scoring) {
     case KeyScoring::fp32_tiles:
-      detail::decode_quantized_split<P, KeyScoring::fp32_tiles>(cache, table, p, r, layout, workspace.data(), ex);
+      detail::decode_quantized_split<P, KeyScoring::fp32_tiles>(cache, table, p, r, int8_values, layout,
+                                                                workspace.data(), ex);
       return {};
     case KeyScoring::int8_query:
-      detail::decode_quantized_split<P, KeyScoring::int8_query>(cache, table, p, r, layout, workspace.data(), ex);
+      detail::decode_quantized_split<P, KeyScoring::int8_query>(cache, table, p, r, int8_values, layout,
+                                                                workspace.data(), ex);
       return {};
   }
   return {invalid_argument, "attention: unknown key_scoring"};

@@ -41,6 +41,7 @@ struct HostCacheOptions {
   float sm_scale = 0.f;     // 0 → 1/√head_dim
   int max_query_tokens = 64;  // largest n_q passed to attend(); sizes its scratch
   KeyScoring key_scoring = KeyScoring::fp32_tiles;  // how the quantized part scores keys
+  ValueAccumulation value_accumulation = ValueAccumulation::fp32_tiles;  // and accumulates values
 };
 
 // Run-time-polymorphic cache interface (one layer, one sequence).
@@ -179,7 +180,7 @@ class HostKVCache final : public KVCache {
       const std::int32_t offset = total - n_q - sink_.len;
       DecodeParams<float, float> p{q, q_indptr, hq, &offset, tau, false, part_out_.data(), part_lse_.data()};
       throw_if_error(decode_attention<P>(ConstPagedCacheView<P>(pool_.data.get(), num_pages(), layout_), table(), p,
-                                         params_.view(), {opt_.key_scoring}));
+                                         params_.view(), {opt_.key_scoring, opt_.value_accumulation}));
       merge_states(out, lse_acc, part_out_.data(), part_lse_.data(), rows, D, out, lse_acc);
     }
     detail::attend_window<D>(recent_, sink_.len + quantized_len_, total, q, n_q, hkv, hq, tau, part_out_.data(),

@@ -19,6 +19,7 @@
 // KVQ_CPU_AVX2        256-bit integer SIMD (vpmaddubsw, vpmaddwd)
 // KVQ_CPU_AVX512      512-bit SIMD with byte/word ops and mask registers (F, BW, DQ, VL)
 // KVQ_CPU_AVX512_VNNI vpdpbusd: u8×s8 dot products of four bytes into int32 lanes
+// KVQ_CPU_AVX512_VBMI vpermb: any permutation of a zmm's 64 bytes
 #if KVQ_CPU_X86 && defined(__F16C__)
 #define KVQ_CPU_F16C 1
 #else
@@ -39,6 +40,11 @@
 #else
 #define KVQ_CPU_AVX512_VNNI 0
 #endif
+#if KVQ_CPU_AVX512 && defined(__AVX512VBMI__)
+#define KVQ_CPU_AVX512_VBMI 1
+#else
+#define KVQ_CPU_AVX512_VBMI 0
+#endif
 
 #if KVQ_CPU_X86
 #include <immintrin.h>
@@ -57,6 +63,7 @@ inline constexpr int kNativeFloatLanes = 4;
 
 // The paths this translation unit was built with, for benchmark and log headers.
 constexpr const char* isa_name() {
+  if constexpr (KVQ_CPU_AVX512_VNNI && KVQ_CPU_AVX512_VBMI) return KVQ_CPU_F16C ? "avx512+vnni+vbmi+f16c" : "avx512+vnni+vbmi";
   if constexpr (KVQ_CPU_AVX512_VNNI) return KVQ_CPU_F16C ? "avx512+vnni+f16c" : "avx512+vnni";
   if constexpr (KVQ_CPU_AVX512) return KVQ_CPU_F16C ? "avx512+f16c" : "avx512";
   if constexpr (KVQ_CPU_AVX2) return KVQ_CPU_F16C ? "avx2+f16c" : "avx2";

@@ -27,6 +27,8 @@ constexpr int padded_rows(int rows) { return rows == 1 ? 1 : (rows + 3) / 4 * 4;
 //   src.values(t0, n, tile)    : tile[j·D + i] = v̂_{t0+j}[i] in the value order, j < n;
 //                                false unless every element is known to be finite
 //   src.prefetch(t0, n)        : a hint that tokens t0 .. t0+n come next
+//   src.accumulate_values(t0, n, p, rows_padded, acc) (optional): acc += p·V̂ without a
+//                                value tile; false leaves acc alone and takes values()
 //   acc  : [padded_rows(rows)][D]; on return rows < `rows` hold Σ p·v̂ (unnormalized)
 //   m, l : [rows] running max (of τ·logits) and sum
 // A non-finite value row reaches only the rows whose weight for it is nonzero.
@@ -73,6 +75,8 @@ void attend_part(int begin, int length, int rows, const int* row_limit, float* a
     }
     if (!any) continue;
     for (int r = rows; r < rows_padded; ++r) std::fill(s[r], s[r] + kTokensPerBlock, 0.f);
+    if constexpr (requires { src.accumulate_values(t0, n, s, rows_padded, acc); })
+      if (src.accumulate_values(t0, n, s, rows_padded, acc)) continue;
     // Zero weight never multiplies a NaN/Inf value: such a token goes to its rows with
     // nonzero weight alone, then leaves the tile.
     if (!src.values(t0, n, tile)) {
