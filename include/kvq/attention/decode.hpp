@@ -8,10 +8,11 @@
 // through the register-blocked tile products of kvq/cpu/tile.hpp, the same ones
 // the fp16 baseline uses (the CUDA kernels work on the codes directly). With
 // KeyScoring::int8_query the keys are instead scored on their codes with integer dot
-// products against a per-group int8 query (kvq/cpu/query_int8.hpp). Values
-// accumulate under an online softmax in fp32; then ô = acc/l, o = ô·R_Vᵀ + ν (unless
-// rotated_output), and lse = m + ln l + τ·(q·μ_K) so the part merges with un-centered
-// parts.
+// products against a per-group int8 query (kvq/cpu/query_int8.hpp), and with
+// ValueAccumulation::int8_weights values are summed on their codes with 8-bit weights
+// (kvq/cpu/value_int8.hpp). Values accumulate under an online softmax in fp32; then
+// ô = acc/l, o = ô·R_Vᵀ + ν (unless rotated_output), and lse = m + ln l + τ·(q·μ_K) so
+// the part merges with un-centered parts.
 #pragma once
 
 #include <algorithm>
@@ -47,10 +48,10 @@ enum class KeyScoring : std::uint8_t {
 // How the CPU decode accumulates the softmax-weighted values.
 enum class ValueAccumulation : std::uint8_t {
   fp32_tiles,    // values dequantized into fp32 tiles: the reference
-  int8_weights,  // integer dot products on the codes with int8 weights p·s per row and
-                 // block (kvq/cpu/value_int8.hpp): faster; each weight keeps 8 bits
-                 // relative to its block's largest. Needs value_group·bits/8 a
-                 // multiple of 16 bytes (every preset)
+  int8_weights,  // integer dot products on the codes with 8-bit weights p·s per row,
+                 // value group and block (kvq/cpu/value_int8.hpp): faster with AVX-512
+                 // VNNI + VBMI; each weight keeps 8 bits relative to its block's
+                 // largest. Needs value_group·bits/8 a multiple of 16 bytes (every preset)
 };
 
 struct CpuDecodeOptions {
