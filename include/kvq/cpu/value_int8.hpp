@@ -9,8 +9,9 @@
 //   σ_rg = max_j w_rjg / 255,  w8_rjg = round(w_rjg / σ_rg) ∈ [0, 255]
 // and Σ_j w8_rjg·(c_j − μ) is summed exactly in int32: vpdpbusd (u8 weights × s8 codes)
 // over four tokens per lane with AVX-512 VNNI + VBMI (vpermb puts four tokens' bytes in
-// one lane), plain loops otherwise. Both give the same integers, and everything else is
-// shared code, so every target computes the same floats. Then
+// one lane), vpmaddubsw + vpmaddwd with AVX2 (codes ≤ 4 bits), plain loops otherwise.
+// All give the same integers and share the float code, so within one build the SIMD and
+// portable paths agree bit for bit (across builds, only FMA contraction may differ). Then
 //   acc_r += σ_rg·isum_r + bias_rg   (bias_rg: the bracket above, in fp32)
 // The only approximation is w → σ·w8: |w_rjg − σ_rg·w8_rjg| ≤ σ_rg/2, so per block an
 // accumulator lane moves by at most σ_rg/2·Σ_j |c_j − μ| ≤ n·σ_rg/2·μ. The weights keep
@@ -118,6 +119,12 @@ struct Int8ValueBlock {
     } else {
       for (int r0 = 0; r0 < rows_padded; r0 += 4) accumulate_vnni<4>(codes, n, r0);
     }
+#elif KVQ_CPU_AVX2
+    if constexpr (Bits <= 4) {
+      accumulate_avx2(codes, n, rows_padded);
+    } else {
+      accumulate_generic(codes, n, rows_padded);
+    }
 #else
     accumulate_generic(codes, n, rows_padded);
 #endif
@@ -184,6 +191,63 @@ struct Int8ValueBlock {
         KVQ_UNROLL for (int k = 0; k < kSlabs; ++k)
           _mm512_store_si512(reinterpret_cast<__m512i*>(&isum[r0 + r][k * kRowBytes + c]),
                              _mm512_sub_epi32(acc[r][k], offset));
+      }
+    }
+  }
+#endif
+
+#if KVQ_CPU_AVX2 && !(KVQ_CPU_AVX512_VNNI && KVQ_CPU_AVX512_VBMI)
+  // AVX2, codes of at most 4 bits: the block's codes are first interleaved into
+  // quads[q][4i + t] = byte i of token 4q + t (byte unpacks), then per 8 row bytes and
+  // slab vpmaddubsw (u8 weights × s8 codes: |pair sum| ≤ 2·255·15, no saturation) and
+  // vpmaddwd with ones sum four tokens per int32 lane.
+  void accumulate_avx2(const std::uint8_t* const* codes, int n, int rows_padded) {
+    alignas(32) std::uint8_t quads[kTokensPerBlock / 4][4 * kRowBytes];
+    const int nq = (n + 3) / 4;
+    for (int q = 0; q < nq; ++q) {
+      const int j = 4 * q;  // tokens past n have weight 0; they read token j's codes
+      const std::uint8_t* t[4] = {codes[j], codes[j + 1 < n ? j + 1 : j], codes[j + 2 < n ? j + 2 : j],
+                                  codes[j + 3 < n ? j + 3 : j]};
+      for (int c = 0; c < kRowBytes; c += 16) {
+        __m128i x[4];
+        KVQ_UNROLL for (int k = 0; k < 4; ++k) x[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t[k] + c));
+        const __m128i lo01 = _mm_unpacklo_epi8(x[0], x[1]), lo23 = _mm_unpacklo_epi8(x[2], x[3]);
+        const __m128i hi01 = _mm_unpackhi_epi8(x[0], x[1]), hi23 = _mm_unpackhi_epi8(x[2], x[3]);
+        auto* dst = reinterpret_cast<__m128i*>(quads[q] + 4 * c);
+        _mm_store_si128(dst + 0, _mm_unpacklo_epi16(lo01, lo23));
+        _mm_store_si128(dst + 1, _mm_unpackhi_epi16(lo01, lo23));
+        _mm_store_si128(dst + 2, _mm_unpacklo_epi16(hi01, hi23));
+        _mm_store_si128(dst + 3, _mm_unpackhi_epi16(hi01, hi23));
+      }
+    }
+    if (rows_padded == 1) {
+      accumulate_quads_avx2<1>(quads, nq, 0);
+    } else {
+      for (int r0 = 0; r0 < rows_padded; r0 += 4) accumulate_quads_avx2<4>(quads, nq, r0);
+    }
+  }
+
+  template <int RB>
+  KVQ_FORCE_INLINE void accumulate_quads_avx2(const std::uint8_t (*quads)[4 * kRowBytes], int nq, int r0) {
+    const __m256i mask = _mm256_set1_epi8(char(kMask)), ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < kRowBytes; i += 8) {
+      const int g = i / kGroupBytes;
+      KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
+        __m256i acc[RB];
+        KVQ_UNROLL for (int r = 0; r < RB; ++r) acc[r] = _mm256_setzero_si256();
+        for (int q = 0; q < nq; ++q) {
+          const __m256i y = _mm256_load_si256(reinterpret_cast<const __m256i*>(quads[q] + 4 * i));
+          const __m256i slab = _mm256_and_si256(k == 0 ? y : _mm256_srli_epi16(y, k * Bits), mask);
+          KVQ_UNROLL for (int r = 0; r < RB; ++r) {
+            std::int32_t four;
+            std::memcpy(&four, &w8[r0 + r][g][4 * q], sizeof four);
+            const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi32(four), slab);
+            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
+          }
+        }
+        KVQ_UNROLL for (int r = 0; r < RB; ++r)
+          _mm256_store_si256(reinterpret_cast<__m256i*>(&isum[r0 + r][k * kRowBytes + i]),
+                             _mm256_sub_epi32(acc[r], _mm256_set1_epi32(kMid * w8_sum[r0 + r][g])));
       }
     }
   }
