@@ -42,7 +42,7 @@ constexpr bool int8_values_supported() {
   return D % G == 0 && (G * Bits / 8) % 16 == 0;
 }
 
-// One block's int8 weights and integer sums for up to kMaxRowsPerPass query rows.
+// One block's 8-bit weights and integer sums for up to kMaxRowsPerPass query rows.
 template <int Bits, int G, int D>
 struct Int8ValueBlock {
   static constexpr int kRowBytes = D * Bits / 8, kGroupBytes = G * Bits / 8, kGroups = D / G, kSlabs = 8 / Bits;
@@ -61,7 +61,8 @@ struct Int8ValueBlock {
   // metadata, all zero past the block's n tokens (and p in rows past the pass). False
   // when a weight is negative or a weight or bias is not finite: the caller then takes
   // the fp32 path, which defines what such values do.
-  // The loops run over 8 fixed lanes, so the float sums do not depend on the target.
+  // The loops run over 8 fixed lanes, so the summation order does not depend on the
+  // vector width.
   bool set_weights(const float (*p)[kTokensPerBlock], int rows_padded, const float (*scale)[kTokensPerBlock],
                    const float (*lo)[kTokensPerBlock]) {
     constexpr int L = 8;
