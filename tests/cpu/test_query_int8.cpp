@@ -5,8 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "common/paged_case.hpp"
-#include "kvq/attention/decode.hpp"
+#include "decode_errors.hpp"
 #include "kvq/core/packing.hpp"
 
 namespace {
@@ -149,18 +148,11 @@ TEST(Int8Query, NonFiniteQueryGroupMakesTheLogitNaN) {
 template <kvq::Policy P>
 void check_int8_decode(const char* label, double output_ratio, double lse_ratio, int page_size, int hkv, int hq, std::vector<int> lens, std::vector<int> qlens,
                        std::uint32_t seed) {
-  constexpr int D = P.head_dim;
   auto c = kvq::test::make_paged_case<P>(seed, page_size, hkv, hq, lens, qlens);
   ASSERT_TRUE(c.append_all(seed).ok());
-  std::vector<float> out(c.q.size(), kPoison), lse(c.q.size() / D, kPoison);
-  const kvq::Status st = kvq::decode_attention<P>(c.const_cache(), c.table(), c.decode_params(out.data(), lse.data()),
-                                                  c.params.view(), {kvq::KeyScoring::int8_query});
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  std::vector<double> cached, cached_lse, full, full_lse;
-  c.reference(cached, cached_lse);
-  c.reference(full, full_lse, nullptr, 0.f, /*full_precision=*/true);
-  const double int8_err = kvq::test::max_row_rel_err(out, cached, D);
-  const double cache_err = kvq::test::max_row_rel_err(cached, full, D);
+  const auto e = kvq::test::decode_errors<P>(c, {kvq::KeyScoring::int8_query});
+  const auto &lse = e.lse, &cached_lse = e.cached_lse, &full_lse = e.full_lse;
+  const double int8_err = e.err, cache_err = e.cache_err;
   double int8_lse = 0, cache_lse = 0;
   for (std::size_t r = 0; r < lse.size(); ++r) {
     if (std::isinf(cached_lse[r])) {

@@ -10,8 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "common/paged_case.hpp"
-#include "kvq/attention/decode.hpp"
+#include "decode_errors.hpp"
 #include "kvq/core/packing.hpp"
 #include "kvq/cpu/value_int8.hpp"
 
@@ -144,16 +143,10 @@ void check_decode(const char* label, kvq::KeyScoring keys, double output_ratio, 
   static_assert(kvq::supports_int8_value_weights<P>());
   auto c = kvq::test::make_paged_case<P>(seed, page_size, hkv, hq, lens, qlens);
   ASSERT_TRUE(c.append_all(seed).ok());
-  std::vector<float> out(c.q.size(), kPoison), lse(c.q.size() / D, kPoison);
   const kvq::CpuDecodeOptions opt{keys, kvq::ValueAccumulation::int8_weights};
-  const kvq::Status st =
-      kvq::decode_attention<P>(c.const_cache(), c.table(), c.decode_params(out.data(), lse.data()), c.params.view(), opt);
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  std::vector<double> cached, cached_lse, full, full_lse;
-  c.reference(cached, cached_lse);
-  c.reference(full, full_lse, nullptr, 0.f, /*full_precision=*/true);
-  const double err = kvq::test::max_row_rel_err(out, cached, D);
-  const double cache_err = kvq::test::max_row_rel_err(cached, full, D);
+  const auto e = kvq::test::decode_errors<P>(c, opt);
+  const auto &lse = e.lse, &cached = e.cached, &cached_lse = e.cached_lse;
+  const double err = e.err, cache_err = e.cache_err;
   EXPECT_LE(err, output_ratio * cache_err) << label;
   EXPECT_GT(err, 1e-6) << label;  // the int8 path really ran: it is not the fp32 one
   for (std::size_t r = 0; r < lse.size(); ++r) {
