@@ -44,61 +44,88 @@ void quantize_row_generic(const float* x, std::uint8_t* packed, meta_storage_t<S
 #if KVQ_CPU_AVX512
 namespace detail {
 
-// Masked forms with an explicit source: the plain ones are built on
-// _mm512_undefined_*, which GCC 12 reports as maybe-uninitialized under -Wall.
-KVQ_FORCE_INLINE __m512 permute_lanes(__m512 x, __m512i idx) { return _mm512_maskz_permutexvar_ps(0xFFFF, idx, x); }
+// GCC 12 builds the unmasked forms of several intrinsics on _mm512_undefined_*, which
+// -Wall reports as maybe-uninitialized; the all-ones masked forms below are the same
+// instructions.
+constexpr __mmask16 kAll16 = 0xFFFF;
 
-// Butterfly stages with stride h < 16 inside one vector: lanes with bit h clear get
-// x[i] + x[i+h], the others x[i−h] − x[i].
+// Butterfly stage with stride H < 16 inside one vector: lanes with bit H clear get
+// x[i] + x[i+H], the others x[i−H] − x[i]. Both are one FMA x·(±1) + partner: the
+// product is exact, so its single rounding is the scalar add's or subtract's.
 template <int H>
 KVQ_FORCE_INLINE __m512 butterfly_in_lanes(__m512 x) {
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512 partner = permute_lanes(x, _mm512_xor_si512(lane, _mm512_set1_epi32(H)));
-  constexpr __mmask16 kUpper = [] {
-    unsigned m = 0;
-    for (int i = 0; i < 16; ++i) m |= ((i & H) ? 1u : 0u) << i;
-    return __mmask16(m);
-  }();
-  return _mm512_mask_sub_ps(_mm512_add_ps(x, partner), kUpper, partner, x);
+  __m512 partner;
+  if constexpr (H == 1) partner = _mm512_maskz_permute_ps(kAll16, x, _MM_SHUFFLE(2, 3, 0, 1));
+  else if constexpr (H == 2) partner = _mm512_maskz_permute_ps(kAll16, x, _MM_SHUFFLE(1, 0, 3, 2));
+  else if constexpr (H == 4) partner = _mm512_maskz_shuffle_f32x4(kAll16, x, x, _MM_SHUFFLE(2, 3, 0, 1));
+  else partner = _mm512_maskz_shuffle_f32x4(kAll16, x, x, _MM_SHUFFLE(1, 0, 3, 2));
+  const __m512 sign = _mm512_mask_blend_ps(
+      [] {
+        unsigned m = 0;
+        for (int i = 0; i < 16; ++i) m |= ((i & H) ? 1u : 0u) << i;
+        return __mmask16(m);
+      }(),
+      _mm512_set1_ps(1.f), _mm512_set1_ps(-1.f));
+  return _mm512_fmadd_ps(x, sign, partner);
 }
 
-// Highest (kMax) or lowest lane. The order of the lanes only matters for the sign of a
-// zero, which the caller recomputes.
+// The slot of group j (< 16) in lanes_extreme16's input, so that its output is in
+// group order: the four shuffle levels leave slot 4m + L's result in lane 4L + m.
+constexpr int kTranspose4x4[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+// Lane j of the result = the lowest (kMax: highest) lane of v[kTranspose4x4[j]]: 16
+// horizontal reductions as 4 levels of shuffles, 45 instructions. The order in which
+// lanes meet only matters for the sign of a zero extremum, which the caller recomputes.
 template <bool kMax>
-KVQ_FORCE_INLINE float lanes_extreme(__m512 v) {
-  auto pick = [](auto a, auto b) {
-    if constexpr (sizeof(a) == 32) return kMax ? _mm256_max_ps(a, b) : _mm256_min_ps(a, b);
-    else return kMax ? _mm_max_ps(a, b) : _mm_min_ps(a, b);
+KVQ_FORCE_INLINE __m512 lanes_extreme16(const __m512* v) {
+  auto pick = [](__m512 a, __m512 b) {
+    return kMax ? _mm512_maskz_max_ps(kAll16, a, b) : _mm512_maskz_min_ps(kAll16, a, b);
   };
-  const __m512d d = _mm512_castps_pd(v);
-  const __m256 h = pick(_mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, d, 0)),
-                        _mm256_castpd_ps(_mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xF, d, 1)));
-  __m128 q = pick(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = pick(q, _mm_movehl_ps(q, q));
-  return _mm_cvtss_f32(pick(q, _mm_movehdup_ps(q)));
+  __m512 halves[8], quarters[4], pairs[2];
+  KVQ_UNROLL for (int j = 0; j < 8; ++j)  // 256-bit halves of two vectors
+    halves[j] = pick(_mm512_maskz_shuffle_f32x4(kAll16, v[2 * j], v[2 * j + 1], 0x44),
+                     _mm512_maskz_shuffle_f32x4(kAll16, v[2 * j], v[2 * j + 1], 0xEE));
+  KVQ_UNROLL for (int j = 0; j < 4; ++j)  // 128-bit lanes: one per input vector
+    quarters[j] = pick(_mm512_maskz_shuffle_f32x4(kAll16, halves[2 * j], halves[2 * j + 1], 0x88),
+                       _mm512_maskz_shuffle_f32x4(kAll16, halves[2 * j], halves[2 * j + 1], 0xDD));
+  KVQ_UNROLL for (int j = 0; j < 2; ++j)  // pairs of floats inside each 128-bit lane
+    pairs[j] = pick(_mm512_maskz_shuffle_ps(kAll16, quarters[2 * j], quarters[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                    _mm512_maskz_shuffle_ps(kAll16, quarters[2 * j], quarters[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return pick(_mm512_maskz_shuffle_ps(kAll16, pairs[0], pairs[1], _MM_SHUFFLE(2, 0, 2, 0)),
+              _mm512_maskz_shuffle_ps(kAll16, pairs[0], pairs[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Packs 16 codes (int32 lanes, each < 2^Bits) into 16·Bits/8 bytes, little-endian.
+// float_to_half_bits(f, saturate = true) of 16 non-NaN lanes: vcvtps2ph rounds like
+// the scalar F16C path; finite lanes at or above 65520 saturate to ±65504 instead of ±∞.
+KVQ_FORCE_INLINE __m256i encode_half_saturating(__m512 f) {
+  const __m256i rounded = _mm512_maskz_cvtps_ph(kAll16, f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512i bits = _mm512_castps_si512(f);
+  const __m512i abs = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 big = _mm512_cmpge_epu32_mask(abs, _mm512_set1_epi32(0x477ff000)) &
+                        _mm512_cmplt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+  const __m512i saturated = _mm512_or_si512(_mm512_maskz_srli_epi32(kAll16, _mm512_maskz_andnot_epi32(kAll16, abs, bits), 16), _mm512_set1_epi32(0x7bff));
+  return _mm256_mask_mov_epi16(rounded, big, _mm512_maskz_cvtepi32_epi16(kAll16, saturated));
+}
+
+// Packs 64 codes (c[k] lane i = code of element 16k + i, in int32, each ≤ 2^Bits − 1
+// or negative / INT_MIN for code 0) into 64·Bits/8 bytes, little-endian within a byte.
 template <int Bits>
-KVQ_FORCE_INLINE void pack16(__m512i codes, std::uint8_t* out) {
+KVQ_FORCE_INLINE void pack64(const __m512i* c, std::uint8_t* out) {
+  // Saturating packs: negatives become 0. Per 128-bit lane L they leave
+  // c0[4L..4L+3], c1[4L..4L+3], c2[…], c3[…]; the dword permutation restores element order.
+  const __m512i bytes_by_lane = _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c[2], c[3]));
+  const __m512i bytes = _mm512_maskz_permutexvar_epi32(
+      kAll16, _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), bytes_by_lane);
   if constexpr (Bits == 8) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_maskz_cvtepi32_epi8(0xFFFF, codes));
+    _mm512_storeu_si512(out, bytes);
   } else if constexpr (Bits == 4) {
-    // Two codes per 16-bit word after narrowing to bytes: b0 | b1 << 4 in the low byte.
-    __m128i bytes = _mm512_maskz_cvtepi32_epi8(0xFFFF, codes);
-    bytes = _mm_or_si128(bytes, _mm_srli_epi16(bytes, 4));
-    const __m128i low = _mm_and_si128(bytes, _mm_set1_epi16(0x00FF));
-    const __m128i packed = _mm_packus_epi16(low, low);  // 8 bytes
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), packed);
+    const __m512i pairs = _mm512_maddubs_epi16(bytes, _mm512_set1_epi16(0x1001));  // b0 + 16·b1
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_maskz_cvtepi16_epi8(~__mmask32(0), pairs));
   } else {
     static_assert(Bits == 2);
-    // Four codes per 32-bit word: b0 | b1 << 2 | b2 << 4 | b3 << 6 in the low byte.
-    __m128i bytes = _mm512_maskz_cvtepi32_epi8(0xFFFF, codes);
-    bytes = _mm_or_si128(bytes, _mm_srli_epi32(bytes, 6));
-    bytes = _mm_or_si128(bytes, _mm_srli_epi32(bytes, 12));
-    const __m128i packed = _mm_maskz_cvtepi32_epi8(0xF, bytes);  // 4 bytes
-    const std::uint32_t word = std::uint32_t(_mm_cvtsi128_si32(packed));
-    std::memcpy(out, &word, 4);
+    const __m512i pairs = _mm512_maddubs_epi16(bytes, _mm512_set1_epi16(0x0401));            // b0 + 4·b1
+    const __m512i quads = _mm512_madd_epi16(pairs, _mm512_set1_epi32(0x00100001));            // + 16·(b2 + 4·b3)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_maskz_cvtepi32_epi8(kAll16, quads));
   }
 }
 
@@ -140,9 +167,10 @@ KVQ_FORCE_INLINE void hadamard_forward_fast(float* x, std::uint32_t sign_seed) {
 }
 
 // n rows of D elements → packed codes and {scale, lo} per group (kvq::quantize_row's
-// bits for each row). The rows go phase by phase (ranges, then metadata, then codes)
-// so that the long dependency chain of each group (min/max → scale → fp16 round trip →
-// 1/s → codes) overlaps with the other groups' instead of running one after another.
+// bits for each row). The rows go phase by phase, each over all n·D/G groups of the
+// batch: lane-wise ranges, then 16 groups' horizontal min/max by one transpose, the
+// metadata of 16 groups per vector (fp16; bf16/fp32 metadata is scalar per group),
+// then codes and packing 64 elements at a time.
 //   x[r] : [D] fp32;  packed[r] : [D·bits/8];  meta[r] : [D/G][2]
 template <QuantSpec S, int D, int kMaxRows>
 KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint8_t* const* packed,
@@ -150,17 +178,21 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
 #if KVQ_CPU_AVX512
   constexpr int G = S.group, NG = D / G;
   constexpr bool kClip = S.clips() && clip_rank(G, S.clip_permille) < G - 1;
-  if constexpr (!kClip && G % 16 == 0) {
+  if constexpr (!kClip && G % 16 == 0 && D % 64 == 0) {
     using Meta = MetaTraits<S.meta>;
-    constexpr int V = G / 16, kLevels = S.levels(), kGroupBytes = G * S.bits / 8;
-    float lo[kMaxRows * NG], hi[kMaxRows * NG], inv[kMaxRows * NG];
-    bool finite[kMaxRows * NG];
-    // 1. Ranges: lane-wise min/max over the group's vectors (two chains), then across
-    //    lanes. Only a zero extremum's sign depends on that order: it is recomputed in
-    //    the scalar order.
-    for (int r = 0; r < n; ++r)
-      for (int g = 0; g < NG; ++g) {
-        const float* xg = x[r] + g * G;
+    constexpr int V = G / 16, kLevels = S.levels(), kSlots = (kMaxRows * NG + 15) / 16 * 16;
+    alignas(64) float lo[kSlots], hi[kSlots], inv[kSlots];
+    bool finite[kSlots];
+    const int groups = n * NG;
+    for (int base = 0; base < groups; base += 16) {
+      const int count = groups - base < 16 ? groups - base : 16;
+      // 1. Ranges: lane-wise min/max over each group's vectors (two chains), then the
+      //    16 groups' lanes at once. Only a zero extremum's sign depends on the order in
+      //    which lanes meet: it is recomputed in the scalar order.
+      __m512 lo_lanes[16], hi_lanes[16];
+      for (int j = 0; j < count; ++j) {
+        const int i = base + j;
+        const float* xg = x[i / NG] + (i % NG) * G;
         __m512 lo_v[2], hi_v[2], fin[2];
         KVQ_UNROLL for (int c = 0; c < 2 && c < V; ++c) {
           lo_v[c] = hi_v[c] = _mm512_loadu_ps(xg + 16 * c);
@@ -168,59 +200,80 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
         }
         KVQ_UNROLL for (int k = 2; k < V; ++k) {
           const __m512 v = _mm512_loadu_ps(xg + 16 * k);
-          lo_v[k % 2] = _mm512_maskz_min_ps(0xFFFF, lo_v[k % 2], v);
-          hi_v[k % 2] = _mm512_maskz_max_ps(0xFFFF, hi_v[k % 2], v);
+          lo_v[k % 2] = _mm512_maskz_min_ps(detail::kAll16, lo_v[k % 2], v);
+          hi_v[k % 2] = _mm512_maskz_max_ps(detail::kAll16, hi_v[k % 2], v);
           fin[k % 2] = _mm512_add_ps(fin[k % 2], _mm512_sub_ps(v, v));
         }
         if constexpr (V > 1) {
-          lo_v[0] = _mm512_maskz_min_ps(0xFFFF, lo_v[0], lo_v[1]);
-          hi_v[0] = _mm512_maskz_max_ps(0xFFFF, hi_v[0], hi_v[1]);
+          lo_v[0] = _mm512_maskz_min_ps(detail::kAll16, lo_v[0], lo_v[1]);
+          hi_v[0] = _mm512_maskz_max_ps(detail::kAll16, hi_v[0], hi_v[1]);
           fin[0] = _mm512_add_ps(fin[0], fin[1]);
         }
-        const int i = r * NG + g;
-        finite[i] = _mm512_cmp_ps_mask(fin[0], _mm512_setzero_ps(), _CMP_EQ_OQ) == 0xFFFF;
-        lo[i] = detail::lanes_extreme<false>(lo_v[0]);
-        hi[i] = detail::lanes_extreme<true>(hi_v[0]);
+        finite[i] = _mm512_cmp_ps_mask(fin[0], _mm512_setzero_ps(), _CMP_EQ_OQ) == detail::kAll16;
+        lo_lanes[detail::kTranspose4x4[j]] = lo_v[0];
+        hi_lanes[detail::kTranspose4x4[j]] = hi_v[0];
+      }
+      for (int j = count; j < 16; ++j)  // padding slots: any defined vector
+        lo_lanes[detail::kTranspose4x4[j]] = hi_lanes[detail::kTranspose4x4[j]] = lo_lanes[0];
+      _mm512_store_ps(lo + base, detail::lanes_extreme16<false>(lo_lanes));
+      _mm512_store_ps(hi + base, detail::lanes_extreme16<true>(hi_lanes));
+      for (int i = base; i < base + count; ++i)
         if (finite[i] && (lo[i] == 0.f || hi[i] == 0.f)) {
+          const float* xg = x[i / NG] + (i % NG) * G;
           float l = xg[0], h = xg[0];
           for (int e = 1; e < G; ++e) l = fmin_f(l, xg[e]), h = fmax_f(h, xg[e]);
           lo[i] = l, hi[i] = h;
         }
-      }
-    // 2. Metadata: scale, stored {s, lo}, and 1/s (0 when s is stored as 0: codes 0).
-    for (int r = 0; r < n; ++r)
-      for (int g = 0; g < NG; ++g) {
-        const int i = r * NG + g;
-        meta_storage_t<S.meta>* mg = meta[r] + 2 * g;
-        if (!finite[i]) {
-          quantize_group<S>(x[r] + g * G, packed[r] + g * kGroupBytes, mg);  // the defined non-finite result
-          continue;
+      // 2. Metadata: scale, stored {s, lo}, and 1/s (0 when s is stored as 0: codes 0).
+      //    Non-finite groups are quantized by the scalar code after phase 3.
+      if constexpr (S.meta == MetaType::fp16) {
+        const __m512 lo16 = _mm512_load_ps(lo + base);
+        const __m512 range = _mm512_maskz_max_ps(detail::kAll16, _mm512_sub_ps(_mm512_load_ps(hi + base), lo16),
+                                                 _mm512_set1_ps(1e-8f));
+        const __m256i scale_bits = detail::encode_half_saturating(_mm512_div_ps(range, _mm512_set1_ps(float(kLevels))));
+        const __m256i lo_bits = detail::encode_half_saturating(lo16);
+        const __m512 s_stored = _mm512_maskz_cvtph_ps(detail::kAll16, scale_bits);
+        const __mmask16 nonzero = _mm512_cmp_ps_mask(s_stored, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        _mm512_store_ps(lo + base, _mm512_maskz_cvtph_ps(detail::kAll16, lo_bits));
+        _mm512_store_ps(inv + base, _mm512_maskz_div_ps(nonzero, _mm512_set1_ps(1.f), s_stored));
+        alignas(32) std::uint16_t s16[16], lo16_bits[16];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(s16), scale_bits);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lo16_bits), lo_bits);
+        for (int j = 0; j < count; ++j) {
+          meta_storage_t<S.meta>* mg = meta[(base + j) / NG] + 2 * ((base + j) % NG);
+          mg[0] = s16[j], mg[1] = lo16_bits[j];
         }
-        const float scale = div_rn(fmax_f(sub_rn(hi[i], lo[i]), 1e-8f), static_cast<float>(kLevels));
-        mg[0] = Meta::encode(scale);
-        mg[1] = Meta::encode(lo[i]);
-        const float s_stored = Meta::decode(mg[0]);
-        lo[i] = Meta::decode(mg[1]);
-        inv[i] = s_stored == 0.f ? 0.f : div_rn(1.f, s_stored);
+      } else {
+        for (int i = base; i < base + count; ++i) {
+          meta_storage_t<S.meta>* mg = meta[i / NG] + 2 * (i % NG);
+          const float scale = div_rn(fmax_f(sub_rn(hi[i], lo[i]), 1e-8f), static_cast<float>(kLevels));
+          mg[0] = Meta::encode(scale);
+          mg[1] = Meta::encode(lo[i]);
+          const float s_stored = Meta::decode(mg[0]);
+          lo[i] = Meta::decode(mg[1]);
+          inv[i] = s_stored == 0.f ? 0.f : div_rn(1.f, s_stored);
+        }
       }
-    // 3. Codes: ⌊(x − lo)·inv + 0.5⌋ clamped to [0, levels]; inv = 0 gives 0 everywhere,
-    //    the scalar's s = 0 result.
+    }
+    // 3. Codes: ⌊(x − lo)·inv + 0.5⌋ clamped to [0, levels], 64 at a time. min(levels, t)
+    //    keeps NaN (0·∞), whose conversion (INT_MIN) packs to 0 like a negative t: the
+    //    scalar's !(v > 0). inv = 0 gives 0 everywhere, the scalar's s = 0 result.
     const __m512 half = _mm512_set1_ps(0.5f), top = _mm512_set1_ps(float(kLevels));
     for (int r = 0; r < n; ++r)
-      for (int g = 0; g < NG; ++g) {
-        const int i = r * NG + g;
-        if (!finite[i]) continue;
-        const float* xg = x[r] + g * G;
-        std::uint8_t* pg = packed[r] + g * kGroupBytes;
-        const __m512 inv_b = _mm512_set1_ps(inv[i]), lo_b = _mm512_set1_ps(lo[i]);
-        KVQ_UNROLL for (int k = 0; k < V; ++k) {
-          const __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(xg + 16 * k), lo_b), inv_b), half);
-          __m512 c = _mm512_maskz_roundscale_ps(0xFFFF, t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-          // vmaxps c, 0 is c > 0 ? c : 0, so a NaN (0·∞) becomes 0 as the scalar's !(v > 0) does.
-          c = _mm512_maskz_min_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, c, _mm512_setzero_ps()), top);
-          detail::pack16<S.bits>(_mm512_maskz_cvttps_epi32(0xFFFF, c), pg + k * (16 * S.bits / 8));
+      for (int e0 = 0; e0 < D; e0 += 64) {
+        __m512i codes[4];
+        KVQ_UNROLL for (int k = 0; k < 4; ++k) {
+          const int e = e0 + 16 * k, i = r * NG + e / G;
+          const __m512 t = _mm512_add_ps(
+              _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x[r] + e), _mm512_set1_ps(lo[i])), _mm512_set1_ps(inv[i])), half);
+          codes[k] = _mm512_maskz_cvt_roundps_epi32(detail::kAll16, _mm512_maskz_min_ps(detail::kAll16, top, t),
+                                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
         }
+        detail::pack64<S.bits>(codes, packed[r] + e0 * S.bits / 8);
       }
+    // The defined non-finite result (DESIGN §2), over whatever phase 3 wrote there.
+    for (int i = 0; i < groups; ++i)
+      if (!finite[i]) quantize_group<S>(x[i / NG] + (i % NG) * G, packed[i / NG] + (i % NG) * (G * S.bits / 8), meta[i / NG] + 2 * (i % NG));
     return;
   }
 #endif
