@@ -46,6 +46,8 @@ std::vector<std::vector<float>> test_rows(std::uint32_t seed) {
   rows.push_back(r);                                        // range below fp16's resolution
   for (int i = 0; i < D; ++i) r[i] = (i % 2 ? 1.f : -1.f) * 7e4f * float(1 + i % 3);
   rows.push_back(r);                                        // beyond fp16: saturating metadata
+  for (int i = 0; i < D; ++i) r[i] = 3e38f * (1.f - float(i % 3) * 0.01f);
+  rows.push_back(r);                                        // finite, but sums overflow
   for (int i = 0; i < D; ++i) r[i] = float(i) * 1e-40f;
   rows.push_back(r);                                        // denormals
   for (int special : {0, 1, 2}) {

@@ -193,23 +193,24 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
       for (int j = 0; j < count; ++j) {
         const int i = base + j;
         const float* xg = x[i / NG] + (i % NG) * G;
+        // fin: the sum of the group's elements, finite when every element is. A sum
+        // that overflows only sends a finite group to the scalar quantizer, whose
+        // result is the same.
         __m512 lo_v[2], hi_v[2], fin[2];
-        KVQ_UNROLL for (int c = 0; c < 2 && c < V; ++c) {
-          lo_v[c] = hi_v[c] = _mm512_loadu_ps(xg + 16 * c);
-          fin[c] = _mm512_sub_ps(lo_v[c], lo_v[c]);  // 0 for finite x, NaN otherwise
-        }
+        KVQ_UNROLL for (int c = 0; c < 2 && c < V; ++c) fin[c] = lo_v[c] = hi_v[c] = _mm512_loadu_ps(xg + 16 * c);
         KVQ_UNROLL for (int k = 2; k < V; ++k) {
           const __m512 v = _mm512_loadu_ps(xg + 16 * k);
           lo_v[k % 2] = _mm512_maskz_min_ps(detail::kAll16, lo_v[k % 2], v);
           hi_v[k % 2] = _mm512_maskz_max_ps(detail::kAll16, hi_v[k % 2], v);
-          fin[k % 2] = _mm512_add_ps(fin[k % 2], _mm512_sub_ps(v, v));
+          fin[k % 2] = _mm512_add_ps(fin[k % 2], v);
         }
         if constexpr (V > 1) {
           lo_v[0] = _mm512_maskz_min_ps(detail::kAll16, lo_v[0], lo_v[1]);
           hi_v[0] = _mm512_maskz_max_ps(detail::kAll16, hi_v[0], hi_v[1]);
           fin[0] = _mm512_add_ps(fin[0], fin[1]);
         }
-        finite[i] = _mm512_cmp_ps_mask(fin[0], _mm512_setzero_ps(), _CMP_EQ_OQ) == detail::kAll16;
+        // Class 0x99: QNaN, SNaN, +∞, −∞.
+        finite[i] = _mm512_fpclass_ps_mask(fin[0], 0x99) == 0;
         lo_lanes[detail::kTranspose4x4[j]] = lo_v[0];
         hi_lanes[detail::kTranspose4x4[j]] = hi_v[0];
       }
@@ -290,8 +291,14 @@ KVQ_FORCE_INLINE void quantize_token_heads_fast(int n, float* const* k, float* c
   constexpr int D = P.head_dim;
   float scratch[D];
   auto transform = [&]<QuantSpec S>(float* x, int h, const float* mean, const float* rotation) {
-    if constexpr (S.centered)
+    if constexpr (S.centered) {
+#if KVQ_CPU_AVX512
+      for (int i = 0; i < D; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(mean + h * D + i)));
+#else
       for (int i = 0; i < D; ++i) x[i] = sub_rn(x[i], mean[h * D + i]);
+#endif
+    }
     if constexpr (S.rotation == Rotation::hadamard) {
       hadamard_forward_fast<D>(x, S.sign_seed);
     } else {

@@ -283,6 +283,13 @@ KVQ_FORCE_INLINE void convert_row(const T* KVQ_RESTRICT src, float* KVQ_RESTRICT
   if constexpr (std::is_same_v<T, float>) {
     std::memcpy(dst, src, D * sizeof(float));
   } else if constexpr (std::is_same_v<T, bfloat16_t>) {
+#if KVQ_CPU_AVX512
+    if constexpr (D % 16 == 0) {  // bf16 bits << 16 is the fp32 value
+      for (int i = 0; i < D; i += 16)
+        _mm512_storeu_si512(dst + i, _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))), 16));
+      return;
+    }
+#endif
     for (int i = 0; i < D; ++i) {
       std::uint16_t b;
       std::memcpy(&b, src + i, 2);
@@ -290,6 +297,13 @@ KVQ_FORCE_INLINE void convert_row(const T* KVQ_RESTRICT src, float* KVQ_RESTRICT
       std::memcpy(dst + i, &bits, 4);
     }
   } else {
+#if KVQ_CPU_AVX512
+    if constexpr (D % 16 == 0) {  // full-width stores: a later 64-byte load of dst forwards from one store
+      for (int i = 0; i < D; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+      return;
+    }
+#endif
 #if KVQ_CPU_F16C
     if constexpr (D % 8 == 0) {
       for (int i = 0; i < D; i += 8)
