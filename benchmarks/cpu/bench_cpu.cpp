@@ -150,9 +150,10 @@ void BM_ReadBandwidth(benchmark::State& state) {
   state.counters["GB/s"] = benchmark::Counter(double(state.range(0)) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// range(1) > 0: the task-split append on that many OpenMP threads, one task each.
 template <kvq::Policy P>
 void BM_AppendQuantized(benchmark::State& state) {
-  const int tokens = int(state.range(0));
+  const int tokens = int(state.range(0)), threads = int(state.range(1));
   Table t(tokens);
   const kvq::PageLayout<P> layout{kPage, kKvHeads};
   std::vector<std::byte> pool(layout.page_bytes() * t.pages());
@@ -168,11 +169,22 @@ void BM_AppendQuantized(benchmark::State& state) {
   if (P.value.rotation == kvq::Rotation::dense) params.value_rotation = identity;
   std::vector<std::int32_t> bi(tokens, 0), pos(tokens);
   std::iota(pos.begin(), pos.end(), 0);
+  const kvq::PagedCacheView<P> cache{pool.data(), t.pages(), layout};
   for (auto _ : state) {
-    kvq::throw_if_error(kvq::append_kv<P>(kvq::PagedCacheView<P>{pool.data(), t.pages(), layout}, t.view(), kh.data(),
-                                          vh.data(), tokens, bi.data(), pos.data(), params.view()));
+    if (threads == 0) {
+      kvq::throw_if_error(kvq::append_kv<P>(cache, t.view(), kh.data(), vh.data(), tokens, bi.data(), pos.data(), params.view()));
+    } else {
+#if defined(_OPENMP)
+      kvq::throw_if_error(kvq::append_kv<P>(cache, t.view(), kh.data(), vh.data(), tokens, bi.data(), pos.data(),
+                                            params.view(), threads, kvq::cpu::OpenMPExecutor{threads}));
+#else
+      state.SkipWithError("built without OpenMP");
+      break;
+#endif
+    }
     benchmark::DoNotOptimize(pool.data());
   }
+  if (threads > 0) state.counters["threads"] = threads;
   state.counters["tok*head/s"] = benchmark::Counter(double(tokens) * kKvHeads, benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -233,9 +245,10 @@ BENCHMARK(BM_DecodeQuantizedThreads<kvq::presets::K2V2, kInt8, kInt8Values>)->Ar
 #endif
 BENCHMARK(BM_ReadBandwidth)->Arg(64 << 20)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AppendFp16Copy)->Arg(4096)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2>)->Arg(4096)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_AppendQuantized<kvq::presets::K2V2_HC>)->Arg(4096)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_R.with_clip(1000, 1000)>)->Arg(4096)->Unit(benchmark::kMicrosecond);
+#define KVQ_APPEND_ARGS ->Args({4096, 0})->Args({4096, 1})->Args({4096, 2})->UseRealTime()->Unit(benchmark::kMicrosecond)
+BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2>) KVQ_APPEND_ARGS;
+BENCHMARK(BM_AppendQuantized<kvq::presets::K2V2_HC>) KVQ_APPEND_ARGS;
+BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_R.with_clip(1000, 1000)>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Fwht<64>);
 BENCHMARK(BM_Fwht<128>);
 BENCHMARK(BM_Fwht<256>);

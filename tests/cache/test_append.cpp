@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <random>
+#include <thread>
 #include <vector>
 
 #include "common/paged_case.hpp"
@@ -106,6 +108,55 @@ TEST(Append, BadRequestsAreRejectedBeforeAnyWrite) {
                            c.params.view()),
          kvq::StatusCode::invalid_argument, "must not be null");
   EXPECT_TRUE(kvq::append_kv<P>(c.cache(), c.table(), k.data(), k.data(), 0, bi, pos, c.params.view()).ok());
+}
+
+// The task-split append writes the serial append's bytes for any task count and task
+// order, also when tokens repeat a position (the later token's rows are stored).
+TEST(Append, TaskSplitWritesTheSerialBytes) {
+  constexpr auto P = kvq::presets::K2V2_HC;
+  constexpr int D = P.head_dim, hkv = 3;
+  auto c = make_paged_case<P>(4, 16, hkv, hkv, {70, 33}, {1, 1});
+  // Every token of both sequences interleaved, then three repeats of earlier positions
+  // with other rows (the pool must end up holding those).
+  std::vector<std::int32_t> bi, pos;
+  for (int t = 0; t < 70; ++t) {
+    bi.push_back(0), pos.push_back(t);
+    if (t < 33) bi.push_back(1), pos.push_back(t);
+  }
+  for (auto [b, t] : {std::pair{0, 5}, std::pair{1, 32}, std::pair{0, 69}}) bi.push_back(b), pos.push_back(t);
+  const int n = int(bi.size());
+  std::vector<float> k(std::size_t(n) * hkv * D), v(k.size());
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  for (auto& x : k) x = normal(rng);
+  for (auto& x : v) x = normal(rng);
+  const std::vector<std::byte> poisoned = c.pool;
+  ASSERT_TRUE(kvq::append_kv<P>(c.cache(), c.table(), k.data(), v.data(), n, bi.data(), pos.data(), c.params.view()).ok());
+  const std::vector<std::byte> serial = c.pool;
+  ASSERT_NE(serial, poisoned);
+  auto reversed = [](int count, auto&& task) {
+    for (int i = count - 1; i >= 0; --i) task(i);
+  };
+  auto threads = [](int count, auto&& task) {
+    std::vector<std::thread> pool;
+    for (int i = 0; i < count; ++i) pool.emplace_back([&task, i] { task(i); });
+    for (auto& t : pool) t.join();
+  };
+  for (int tasks : {1, 2, 3, 5, 16}) {
+    c.pool = poisoned;
+    ASSERT_TRUE(kvq::append_kv<P>(c.cache(), c.table(), k.data(), v.data(), n, bi.data(), pos.data(),
+                                  c.params.view(), tasks, reversed).ok());
+    EXPECT_EQ(c.pool, serial) << tasks << " tasks, reversed order";
+    c.pool = poisoned;
+    ASSERT_TRUE(kvq::append_kv<P>(c.cache(), c.table(), k.data(), v.data(), n, bi.data(), pos.data(),
+                                  c.params.view(), tasks, threads).ok());
+    EXPECT_EQ(c.pool, serial) << tasks << " tasks on threads";
+  }
+  c.pool = poisoned;
+  const auto bad = kvq::append_kv<P>(c.cache(), c.table(), k.data(), v.data(), n, bi.data(), pos.data(),
+                                     c.params.view(), 0, reversed);
+  EXPECT_EQ(bad.code(), kvq::StatusCode::invalid_argument) << bad.to_string();
+  EXPECT_EQ(c.pool, poisoned);
 }
 
 }  // namespace

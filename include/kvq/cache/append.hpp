@@ -13,6 +13,7 @@
 #include "kvq/core/numeric.hpp"
 #include "kvq/core/quantizer.hpp"
 #include "kvq/core/status.hpp"
+#include "kvq/cpu/executor.hpp"
 #include "kvq/cpu/quantize.hpp"
 #include "kvq/cpu/tile.hpp"
 #include "kvq/layout/page_table.hpp"
@@ -68,17 +69,14 @@ Status validate_append(const PagedCacheView<P>& cache, const PageTableView& tabl
   return {};
 }
 
-// Quantize-append on the CPU (SIMD where the engine's flags allow, bit-identical to the
-// scalar reference and to CUDA).
-//   keys, values  : [num_tokens, Hkv, D] of T
-//   batch_indices : [num_tokens] sequence of each token
-//   positions     : [num_tokens] position of each token inside its sequence
-template <Policy P, ActivationType T>
-Status append_kv(const PagedCacheView<P>& cache, const PageTableView& table, const T* keys, const T* values,
-                 int num_tokens, const std::int32_t* batch_indices, const std::int32_t* positions,
-                 const RotationParams& r = {}) {
-  static_assert(check_policy<P>());
-  KVQ_RETURN_IF_ERROR(validate_append(cache, table, keys, values, num_tokens, batch_indices, positions, r));
+namespace detail {
+
+// The (token, KV head) items of an append for which owns(head, page) holds, in token
+// order, 8 at a time through the SIMD row path (bit-identical to quantize_token_head).
+template <Policy P, ActivationType T, class Owns>
+void append_items(const PagedCacheView<P>& cache, const PageTableView& table, const T* keys, const T* values,
+                  int num_tokens, const std::int32_t* batch_indices, const std::int32_t* positions,
+                  const RotationParams& r, Owns owns) {
   constexpr int D = P.head_dim, kBatch = 8;  // (token, head) items quantized together
   const int hkv = cache.layout.num_kv_heads;
   alignas(64) float k[kBatch][D], v[kBatch][D];
@@ -88,21 +86,64 @@ Status append_kv(const PagedCacheView<P>& cache, const PageTableView& table, con
   std::byte* pages[kBatch];
   for (int j = 0; j < kBatch; ++j) k_rows[j] = k[j], v_rows[j] = v[j];
   int n = 0;
+  auto flush = [&] {
+    cpu::quantize_token_heads_fast<P, kBatch>(n, k_rows, v_rows, heads, slots, pages, r, cache.layout);
+    n = 0;
+  };
   for (int i = 0; i < num_tokens; ++i) {
     const int b = batch_indices[i], pos = positions[i];
-    std::byte* page = cache.page(table.page_of(b, pos));
+    const int page_index = table.page_of(b, pos);
+    std::byte* page = cache.page(page_index);
     for (int h = 0; h < hkv; ++h) {
+      if (!owns(h, page_index)) continue;
       const std::size_t row = (std::size_t(i) * hkv + h) * D;
-      detail::convert_row<D>(keys + row, k[n]);
-      detail::convert_row<D>(values + row, v[n]);
+      convert_row<D>(keys + row, k[n]);
+      convert_row<D>(values + row, v[n]);
       heads[n] = h, slots[n] = pos % table.page_size, pages[n] = page;
-      if (++n == kBatch || (i + 1 == num_tokens && h + 1 == hkv)) {
-        // The SIMD twin of quantize_token_head: the same bits (kvq/cpu/quantize.hpp).
-        cpu::quantize_token_heads_fast<P, kBatch>(n, k_rows, v_rows, heads, slots, pages, r, cache.layout);
-        n = 0;
-      }
+      if (++n == kBatch) flush();
     }
   }
+  if (n > 0) flush();
+}
+
+}  // namespace detail
+
+// Quantize-append on the CPU (SIMD where the engine's flags allow, bit-identical to the
+// scalar reference and to CUDA).
+//   keys, values  : [num_tokens, Hkv, D] of T
+//   batch_indices : [num_tokens] sequence of each token
+//   positions     : [num_tokens] position of each token inside its sequence
+// Two tokens at the same (sequence, position): the later one's rows are stored.
+template <Policy P, ActivationType T>
+Status append_kv(const PagedCacheView<P>& cache, const PageTableView& table, const T* keys, const T* values,
+                 int num_tokens, const std::int32_t* batch_indices, const std::int32_t* positions,
+                 const RotationParams& r = {}) {
+  static_assert(check_policy<P>());
+  KVQ_RETURN_IF_ERROR(validate_append(cache, table, keys, values, num_tokens, batch_indices, positions, r));
+  detail::append_items(cache, table, keys, values, num_tokens, batch_indices, positions, r,
+                       [](int, int) { return true; });
+  return {};
+}
+
+// The same append as `tasks` tasks on the engine's threads (kvq/cpu/executor.hpp),
+// writing the same bytes. Task t owns the (KV head h, pool page p) pairs with
+// (p·Hkv + h) mod tasks = t: the rows of one page and head always go to one task, in
+// token order, so tasks never write the same bytes and repeated positions resolve as
+// in the serial call. Each task scans the token list (cheap next to quantizing), so
+// tasks ≈ threads is enough: the decode step's one token per sequence spreads over
+// its sequences' pages, a prefill's tokens over their pages and heads.
+template <Policy P, ActivationType T, cpu::Executor Exec>
+Status append_kv(const PagedCacheView<P>& cache, const PageTableView& table, const T* keys, const T* values,
+                 int num_tokens, const std::int32_t* batch_indices, const std::int32_t* positions,
+                 const RotationParams& r, int tasks, Exec&& ex) {
+  static_assert(check_policy<P>());
+  KVQ_CHECK_ARG(tasks >= 1, StatusCode::invalid_argument, "append: tasks must be >= 1, got " + std::to_string(tasks));
+  KVQ_RETURN_IF_ERROR(validate_append(cache, table, keys, values, num_tokens, batch_indices, positions, r));
+  const long long hkv = cache.layout.num_kv_heads;
+  ex(tasks, [&](int t) {
+    detail::append_items(cache, table, keys, values, num_tokens, batch_indices, positions, r,
+                         [&](int h, int page) { return (page * hkv + h) % tasks == t; });
+  });
   return {};
 }
 
