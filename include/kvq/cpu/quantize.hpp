@@ -4,17 +4,23 @@
 //
 // Why the results are the same bits: every output element goes through the same
 // IEEE operations on the same operands in the same order as in the scalar code, only
-// sixteen at a time (no FMA, no reassociation):
-//   FWHT      each butterfly is one add and one subtract of the same pair, stage by
-//             stage; the ±1 signs and 1/√d are the same single multiplies.
-//   min/max   a lane-wise fold with the scalar's select (a < b ? a : b); lanes then
-//             combine in any order, which only matters for the sign of a zero
-//             extremum: a zero min or max is recomputed by the scalar fold.
-//   codes     ⌊(x − lo)·inv + 0.5⌋ as sub, mul, add, round-down, then clamped to
-//             [0, levels]; scale, metadata and 1/s are the scalar code's, once per group.
-// Clipping policies (a rank selection per group) and groups that are not a multiple
-// of 16 keep the scalar path. Without AVX-512 everything is the scalar path; the
-// `*_generic` names are that path, always compiled, for tests/cpu to compare against.
+// sixteen at a time (no reassociation):
+//   FWHT      stage by stage; each in-lane butterfly is FMA(x, ±1, partner), whose
+//             product is exact, so its one rounding is the scalar add's or subtract's;
+//             the ±1 signs and 1/√d are the same single multiplies.
+//   min/max   a lane-wise fold with the scalar's select (a < b ? a : b); the lanes of
+//             16 groups then meet in one transpose, in another order, which only
+//             matters for the sign of a zero extremum: a zero min or max is recomputed
+//             by the scalar fold.
+//   metadata  scale = (hi − lo)/levels, the fp16 rounding with the scalar encoder's
+//             saturation, 1/s: the scalar code's operations on 16 groups per vector.
+//   codes     ⌊(x − lo)·inv + 0.5⌋ as sub, mul, add, then min(levels, ·), round down
+//             and saturating packs to [0, levels] (NaN → 0, as the scalar's !(v > 0)).
+// Non-finite groups (and finite ones whose sum overflows) get the scalar quantizer's
+// own result. Clipping policies (a rank selection per group) and groups that are not
+// a multiple of 16 keep the scalar path. Without AVX-512 everything is the scalar
+// path; the `*_generic` names are that path, always compiled, for tests/cpu to compare
+// against.
 #pragma once
 
 #include <cstdint>
@@ -216,19 +222,24 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
       }
       for (int j = count; j < 16; ++j)  // padding slots: any defined vector
         lo_lanes[detail::kTranspose4x4[j]] = hi_lanes[detail::kTranspose4x4[j]] = lo_lanes[0];
-      _mm512_store_ps(lo + base, detail::lanes_extreme16<false>(lo_lanes));
-      _mm512_store_ps(hi + base, detail::lanes_extreme16<true>(hi_lanes));
-      for (int i = base; i < base + count; ++i)
-        if (finite[i] && (lo[i] == 0.f || hi[i] == 0.f)) {
+      const __m512 lo16 = detail::lanes_extreme16<false>(lo_lanes), hi16 = detail::lanes_extreme16<true>(hi_lanes);
+      _mm512_store_ps(lo + base, lo16);
+      _mm512_store_ps(hi + base, hi16);
+      for (unsigned zero = _mm512_cmp_ps_mask(lo16, _mm512_setzero_ps(), _CMP_EQ_OQ) |
+                           _mm512_cmp_ps_mask(hi16, _mm512_setzero_ps(), _CMP_EQ_OQ);
+           zero != 0; zero &= zero - 1) {
+        const int i = base + __builtin_ctz(zero);
+        if (i < base + count && finite[i]) {
           const float* xg = x[i / NG] + (i % NG) * G;
           float l = xg[0], h = xg[0];
           for (int e = 1; e < G; ++e) l = fmin_f(l, xg[e]), h = fmax_f(h, xg[e]);
           lo[i] = l, hi[i] = h;
         }
+      }
       // 2. Metadata: scale, stored {s, lo}, and 1/s (0 when s is stored as 0: codes 0).
       //    Non-finite groups are quantized by the scalar code after phase 3.
       if constexpr (S.meta == MetaType::fp16) {
-        const __m512 lo16 = _mm512_load_ps(lo + base);
+        const __m512 lo16 = _mm512_load_ps(lo + base);  // after the zero fix
         const __m512 range = _mm512_maskz_max_ps(detail::kAll16, _mm512_sub_ps(_mm512_load_ps(hi + base), lo16),
                                                  _mm512_set1_ps(1e-8f));
         const __m256i scale_bits = detail::encode_half_saturating(_mm512_div_ps(range, _mm512_set1_ps(float(kLevels))));
