@@ -34,7 +34,8 @@ void check_scoring(std::uint32_t seed) {
   for (int r = 0; r < rows; ++r) {
     double with_q8 = 0, exact = 0, bound = 0;
     for (int g = 0; g < NK; ++g) {
-      double amax = 0, codes = 0;
+      constexpr double mid = ((1 << Bits) - 1) / 2.0;  // μ
+      double amax = 0, off_mid = 0, residuals = 0;
       for (int i = g * G; i < (g + 1) * G; ++i) amax = std::max(amax, std::abs(double(q[r * D + i])));
       const float sigma = float(amax) / 127.f;
       for (int i = g * G; i < (g + 1) * G; ++i) {
@@ -42,10 +43,12 @@ void check_scoring(std::uint32_t seed) {
         const int q8i = q8.q8[r][kvq::detail::slab_position<Bits, D>(i)];
         EXPECT_EQ(q8i, int(std::nearbyint(qi / sigma))) << "r " << r << " i " << i;
         with_q8 += double(s[g]) * sigma * q8i * natural[i] + double(lo[g]) * qi;
+        residuals += qi - double(sigma) * q8i;
         exact += qi * (double(s[g]) * natural[i] + lo[g]);
-        codes += natural[i];
+        off_mid += std::abs(natural[i] - mid);
       }
-      bound += double(s[g]) * sigma / 2 * codes;
+      with_q8 += double(s[g]) * mid * residuals;
+      bound += double(s[g]) * sigma / 2 * off_mid;
     }
     EXPECT_NEAR(logits[r * 3], with_q8, 2e-6 * (1 + std::abs(with_q8))) << "row " << r;
     EXPECT_LE(std::abs(logits[r * 3] - exact), bound * 1.001 + 1e-5) << "row " << r;

@@ -2,13 +2,18 @@
 // for the CPU decode (DESIGN §9, KeyScoring::int8_query).
 //
 // The rotated query q' (already × τ) is quantized per key group g to int8, as llama.cpp's
-// q8 × q4 does: σ_g = max_{i∈g}|q'_i| / 127, q8_i = round(q'_i / σ_g). Then
-//   logit = Σ_g [ s_g·σ_g·Σ_{i∈g} q8_i·c_i + lo_g·Σ_{i∈g} q'_i ]
+// q8 × q4 does: σ_g = max_{i∈g}|q'_i| / 127, q8_i = round(q'_i / σ_g). With the
+// rounding residuals ρ_i = q'_i − σ_g·q8_i, whose group sums R_g = Σq'_i − σ_g·Σq8_i
+// are known per query, and μ = (2^b − 1)/2 the middle code:
+//   logit = Σ_g [ s_g·(σ_g·Σ_{i∈g} q8_i·c_i + μ·R_g) + lo_g·Σ_{i∈g} q'_i ]
+// which drops only Σ_g s_g·Σ_{i∈g} ρ_i·(c_i − μ): the μ·R_g term keeps the residuals'
+// share of the mean code exactly, for the price of an FMA in place of a multiply.
 // The code products are summed exactly in int32, four bytes per lane: vpdpbusd with
 // AVX-512 VNNI, vpmaddubsw + vpmaddwd with AVX2 (codes ≤ 4 bits, so no int16
 // saturation), plain loops otherwise — the same integers on every target. The lo term
-// uses the exact fp32 sums. The only approximation is q' → σ·q8: |q'_i − σ_g·q8_i| ≤
-// σ_g/2, so the logit moves by at most Σ_g s_g·σ_g/2·Σ_{i∈g} c_i.
+// uses the exact fp32 sums. |ρ_i| ≤ σ_g/2, so the logit moves by at most
+// Σ_g s_g·σ_g/2·Σ_{i∈g} |c_i − μ| (half the uncorrected Σ_g s_g·σ_g/2·Σ c_i at worst,
+// less for codes near the middle).
 // Meant for 2- and 4-bit keys: there the attention error it adds is a few percent of the
 // cache's own (tests/attention/test_query_int8.cpp); 8-bit keys are as fine as the int8
 // query, which then doubles their error.
@@ -54,9 +59,9 @@ KVQ_FORCE_INLINE void unpack_codes_slabs(const std::uint8_t* KVQ_RESTRICT codes,
 // group, so the integer sums of all D/4 lanes are accumulated into kAccLanes lanes
 // (16, or one 64-byte chunk per distinct group pattern when a slab is longer) and only
 // those are scaled:
-//   logit = Σ_{L<kAccLanes} isum_L·σ_L·s_L + lo_L·Σq'_L
-// where σ_L, s_L, lo_L are those of lane L's group and Σq'_L is the group's fp32 sum of
-// q' divided by the number of accumulator lanes of that group.
+//   logit = Σ_{L<kAccLanes} (isum_L·σ_L + μR_L)·s_L + lo_L·Σq'_L
+// where σ_L, s_L, lo_L are those of lane L's group, and Σq'_L and μR_L are the group's
+// Σq' and μ·R divided by the number of accumulator lanes of that group.
 template <int Bits, int G, int D>
 struct Int8Query {
   static constexpr int kGroups = D / G;
@@ -68,6 +73,8 @@ struct Int8Query {
   alignas(64) std::int8_t q8[kMaxRowsPerPass][D];          // slab order
   alignas(64) float sigma[kMaxRowsPerPass][kAccLanes];     // σ of each lane's group
   alignas(64) float group_sum[kMaxRowsPerPass][kAccLanes]; // Σq' of the group / its lane count
+  alignas(64) float residual[kMaxRowsPerPass][kAccLanes];  // μ·R of the group / its lane count
+  static constexpr float kMidCode = float((1 << Bits) - 1) / 2.f;  // μ
 
   // Group of each accumulator lane (lane L covers slab-order bytes 4L..4L+3 mod the
   // slab), and how many lanes each group has.
@@ -85,7 +92,7 @@ struct Int8Query {
   // Quantizes row r from q' [D] (natural order, already × τ). A non-finite group makes
   // its lanes' factor NaN, so every logit of the row is NaN, as in the fp32 path.
   void set_row(int r, const float* q) {
-    float sig[kGroups], sum[kGroups];
+    float sig[kGroups], sum[kGroups], res[kGroups];
     for (int g = 0; g < kGroups; ++g) {
       float amax = 0.f, total = 0.f;
       bool finite = true;
@@ -97,13 +104,19 @@ struct Int8Query {
       sig[g] = !finite ? __builtin_nanf("") : amax / 127.f;
       sum[g] = total;
       const float inv = amax > 0.f && finite ? 127.f / amax : 0.f;
-      for (int i = g * G; i < (g + 1) * G; ++i)
-        q8[r][slab_position<Bits, D>(i)] = std::int8_t(finite ? std::nearbyint(q[i] * inv) : 0.f);
+      double rounding = 0;  // R_g = Σ (q'_i − σ·q8_i), each term exact in fp64
+      for (int i = g * G; i < (g + 1) * G; ++i) {
+        const std::int8_t v = std::int8_t(finite ? std::nearbyint(q[i] * inv) : 0.f);
+        q8[r][slab_position<Bits, D>(i)] = v;
+        rounding += double(q[i]) - double(sig[g]) * v;
+      }
+      res[g] = finite ? kMidCode * float(rounding) : sig[g];  // NaN for a non-finite group
     }
     for (int lane = 0; lane < kAccLanes; ++lane) {
       const int g = kLaneGroup[lane];
       sigma[r][lane] = sig[g];
       group_sum[r][lane] = sum[g] / float(kGroupLanes[g]);
+      residual[r][lane] = res[g] / float(kGroupLanes[g]);
     }
   }
 
@@ -279,7 +292,8 @@ struct Int8Query {
     KVQ_UNROLL for (int a = 0; a < kAcc; ++a) {
       // Masked forms with an explicit source throughout (see code_chunk).
       const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, acc[a]);
-      f = _mm512_fmadd_ps(isum, _mm512_mul_ps(_mm512_loadu_ps(sigma[r] + 16 * a), s_vec[a]), f);
+      const __m512 code_term = _mm512_fmadd_ps(isum, _mm512_loadu_ps(sigma[r] + 16 * a), _mm512_loadu_ps(residual[r] + 16 * a));
+      f = _mm512_fmadd_ps(code_term, s_vec[a], f);
       f = _mm512_fmadd_ps(lo_vec[a], _mm512_loadu_ps(group_sum[r] + 16 * a), f);
     }
     return f;
@@ -335,7 +349,7 @@ struct Int8Query {
     }
     float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int lane = 0; lane < kAccLanes; ++lane)
-      f[lane % 8] += float(isum[lane]) * (sigma[r][lane] * s_lane[lane]) + lo_lane[lane] * group_sum[r][lane];
+      f[lane % 8] += (float(isum[lane]) * sigma[r][lane] + residual[r][lane]) * s_lane[lane] + lo_lane[lane] * group_sum[r][lane];
     return ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
   }
 };
