@@ -16,6 +16,7 @@
 #endif
 
 // KVQ_CPU_F16C        fp16 ↔ fp32 conversions in hardware (vcvtph2ps / vcvtps2ph)
+// KVQ_CPU_FMA         fused multiply-add (vfmadd*)
 // KVQ_CPU_AVX2        256-bit integer SIMD (vpmaddubsw, vpmaddwd)
 // KVQ_CPU_AVX512      512-bit SIMD with byte/word ops and mask registers (F, BW, DQ, VL)
 // KVQ_CPU_AVX512_VNNI vpdpbusd: u8×s8 dot products of four bytes into int32 lanes
@@ -24,6 +25,11 @@
 #define KVQ_CPU_F16C 1
 #else
 #define KVQ_CPU_F16C 0
+#endif
+#if KVQ_CPU_X86 && defined(__FMA__)
+#define KVQ_CPU_FMA 1
+#else
+#define KVQ_CPU_FMA 0
 #endif
 #if KVQ_CPU_X86 && defined(__AVX2__)
 #define KVQ_CPU_AVX2 1
