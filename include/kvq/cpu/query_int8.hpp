@@ -230,20 +230,18 @@ struct Int8Query {
     constexpr int kCount = 2 * kGroups;
     constexpr __mmask16 kLow = kCount >= 16 ? 0xFFFF : __mmask16((1u << kCount) - 1u);
     constexpr __mmask16 kHigh = kCount <= 16 ? 0 : __mmask16((1u << (kCount - 16)) - 1u);
-    if constexpr (M == MetaType::fp32) {
-      lo16 = _mm512_maskz_loadu_ps(kLow, meta);
-      hi16 = _mm512_maskz_loadu_ps(kHigh, meta + 16);
-    } else {
-      const __m512i bits = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(kLow, meta));
-      const __m512i bits_hi = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(kHigh, meta + 16));
-      if constexpr (M == MetaType::fp16) {
-        lo16 = _mm512_maskz_cvtph_ps(0xFFFF, _mm512_maskz_cvtepi32_epi16(0xFFFF, bits));
-        hi16 = _mm512_maskz_cvtph_ps(0xFFFF, _mm512_maskz_cvtepi32_epi16(0xFFFF, bits_hi));
+    auto widen = [](const meta_storage_t<M>* p, __mmask16 mask) {
+      if constexpr (M == MetaType::fp32) {
+        return _mm512_maskz_loadu_ps(mask, p);
+      } else if constexpr (M == MetaType::fp16) {
+        return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_maskz_loadu_epi16(mask, p));
       } else {  // bf16: the high half of an fp32
-        lo16 = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, bits, 16));
-        hi16 = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, bits_hi, 16));
+        return _mm512_castsi512_ps(
+            _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(mask, p)), 16));
       }
-    }
+    };
+    lo16 = widen(meta, kLow);
+    hi16 = kHigh != 0 ? widen(meta + 16, kHigh) : _mm512_setzero_ps();
   }
 
   template <MetaType M>
