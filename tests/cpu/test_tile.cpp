@@ -1,7 +1,9 @@
 // The CPU tile products and helpers of kvq/cpu/tile.hpp against plain fp64 loops.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -114,6 +116,29 @@ TEST(CpuTile, RowIsFiniteAndConvertRow) {
       ASSERT_TRUE(std::isnan(ref) ? std::isnan(out[i]) : out[i] == ref) << std::hex << base + i;
     }
   }
+}
+
+// The 16 logit reductions of a 4×4 block share one transpose; every sum must keep the
+// bits of sum_lanes on its own accumulator (the same additions in the same order).
+template <int W>
+void check_sum_lanes_16() {
+  const auto x = kvq::test::random_normal(16 * W, W, 1.f);
+  kvq::detail::FloatVec<W> v[16];
+  for (int m = 0; m < 16; ++m)
+    for (int l = 0; l < W; ++l) v[m][l] = x[m * W + l] * float(1 + (l * 7919 + m) % 1000);  // mixed magnitudes
+  float sums[16];
+  std::fill(sums, sums + 16, std::numeric_limits<float>::quiet_NaN());
+  kvq::detail::sum_lanes_16<W>(v, sums);
+  for (int m = 0; m < 16; ++m) {
+    const float one = kvq::detail::sum_lanes<W>(v[m]);
+    EXPECT_EQ(std::memcmp(&sums[m], &one, sizeof one), 0) << "W " << W << " m " << m << ": " << sums[m] << " vs " << one;
+  }
+}
+
+TEST(CpuTile, TransposedLaneSumsKeepEachSumsBits) {
+  check_sum_lanes_16<4>();
+  if constexpr (kvq::detail::kNativeFloatLanes >= 8) check_sum_lanes_16<8>();
+  if constexpr (kvq::detail::kNativeFloatLanes >= 16) check_sum_lanes_16<16>();
 }
 
 }  // namespace

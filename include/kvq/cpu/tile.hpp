@@ -101,8 +101,9 @@ KVQ_FORCE_INLINE FloatVec<W> zero_vec() {
   return v;
 }
 
-// Sum of the lanes by halving (a shuffle and an add per step). By value, with no
-// address taken, so the accumulators stay in registers.
+// Sum of the lanes by halving: lane l + lane l + W/2, then the same on the lower
+// half, down to one lane (a shuffle and an add per step). By value, with no address
+// taken, so the accumulators stay in registers.
 template <int W>
 KVQ_FORCE_INLINE float sum_lanes(FloatVec<W> v) {
 #if KVQ_GNU_HOST
@@ -111,13 +112,60 @@ KVQ_FORCE_INLINE float sum_lanes(FloatVec<W> v) {
                         __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
   } else if constexpr (W == 8) {
     return sum_lanes<4>(__builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7));
+  } else if constexpr (W == 4) {
+    const FloatVec<4> pairs = v + __builtin_shufflevector(v, v, 2, 3, 0, 1);
+    return pairs[0] + pairs[1];
   } else
 #endif
   {
-    float s = 0.f;
-    for (int i = 0; i < W; ++i) s += v[i];
-    return s;
+    float lane[W];
+    for (int i = 0; i < W; ++i) lane[i] = v[i];
+    for (int w = W / 2; w >= 1; w /= 2)
+      for (int i = 0; i < w; ++i) lane[i] += lane[i + w];
+    return lane[0];
   }
+}
+
+// out[m] = sum_lanes<W>(v[m]) for m < 16, with the same additions in the same order
+// (lane l + lane l + W/2 first, then halving), but the 16 reductions share their
+// shuffles: a transpose-and-add tree of 45 instructions at W = 16 instead of 16·8.
+template <int W>
+KVQ_FORCE_INLINE void sum_lanes_16(const FloatVec<W>* v, float* out) {
+#if KVQ_GNU_HOST
+  if constexpr (W == 16) {
+    FloatVec<16> t[8], u[4], w[2];
+    KVQ_UNROLL for (int i = 0; i < 8; ++i)  // lanes l + l+8: [v[i] | v[i+8]]
+      t[i] = __builtin_shufflevector(v[i], v[i + 8], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+             __builtin_shufflevector(v[i], v[i + 8], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    KVQ_UNROLL for (int i = 0; i < 4; ++i)  // l + l+4: [v[i] | v[i+4] | v[i+8] | v[i+12]]
+      u[i] = __builtin_shufflevector(t[i], t[i + 4], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+             __builtin_shufflevector(t[i], t[i + 4], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    KVQ_UNROLL for (int i = 0; i < 2; ++i)  // l + l+2: pairs of v[i], v[i+2], …, v[i+14]
+      w[i] = __builtin_shufflevector(u[i], u[i + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+             __builtin_shufflevector(u[i], u[i + 2], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    const FloatVec<16> sums =  // l + l+1: lane m holds v[m]'s sum
+        __builtin_shufflevector(w[0], w[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+        __builtin_shufflevector(w[0], w[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    std::memcpy(out, &sums, sizeof sums);
+    return;
+  } else if constexpr (W == 8) {
+    KVQ_UNROLL for (int half = 0; half < 2; ++half) {
+      const FloatVec<8>* x = v + 8 * half;
+      FloatVec<8> t[4], u[2];
+      KVQ_UNROLL for (int i = 0; i < 4; ++i)  // l + l+4: [x[i] | x[i+4]]
+        t[i] = __builtin_shufflevector(x[i], x[i + 4], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(x[i], x[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+      KVQ_UNROLL for (int i = 0; i < 2; ++i)  // l + l+2: pairs of x[i], x[i+2], x[i+4], x[i+6]
+        u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13) +
+               __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+      const FloatVec<8> sums = __builtin_shufflevector(u[0], u[1], 0, 8, 2, 10, 4, 12, 6, 14) +
+                               __builtin_shufflevector(u[0], u[1], 1, 9, 3, 11, 5, 13, 7, 15);
+      std::memcpy(out + 8 * half, &sums, sizeof sums);
+    }
+    return;
+  }
+#endif
+  for (int m = 0; m < 16; ++m) out[m] = sum_lanes<W>(v[m]);
 }
 
 // S[r][j] for r < RB, j < TB over one row block and one token block.
@@ -136,8 +184,14 @@ KVQ_FORCE_INLINE void logits_block(const float* KVQ_RESTRICT q, const float* KVQ
       KVQ_UNROLL for (int j = 0; j < TB; ++j) acc[r][j] += qv * kv[j];
     }
   }
-  KVQ_UNROLL for (int r = 0; r < RB; ++r)
-    KVQ_UNROLL for (int j = 0; j < TB; ++j) s[r0 + r][j0 + j] = sum_lanes<W>(acc[r][j]);
+  if constexpr (RB * TB == 16) {
+    alignas(64) float sums[16];
+    sum_lanes_16<W>(&acc[0][0], sums);
+    KVQ_UNROLL for (int r = 0; r < RB; ++r) std::memcpy(&s[r0 + r][j0], sums + r * TB, TB * sizeof(float));
+  } else {
+    KVQ_UNROLL for (int r = 0; r < RB; ++r)
+      KVQ_UNROLL for (int j = 0; j < TB; ++j) s[r0 + r][j0 + j] = sum_lanes<W>(acc[r][j]);
+  }
 }
 
 // S = Q·Kᵀ for rows_padded rows (1 or a multiple of 4) and n_padded tokens (multiple of 4).
