@@ -126,6 +126,7 @@ TEST(Int8Query, BlockScoringMatchesTheGenericPath) {
   check_block_against_generic<8, 32, 128, bf16>(13);   // two accumulator vectors
   check_block_against_generic<4, 16, 256, fp32>(14);   // 32 metadata values: two vectors
   check_block_against_generic<2, 16, 64, bf16>(15);
+  check_block_against_generic<4, 64, 128, fp32>(17);  // AVX2 block path with fp32 metadata
   check_block_against_generic<8, 64, 256, fp16>(16);   // four 64-byte group patterns
 }
 

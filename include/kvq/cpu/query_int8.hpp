@@ -27,6 +27,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "kvq/core/config.hpp"
 #include "kvq/core/quantizer.hpp"
@@ -158,6 +159,12 @@ struct Int8Query {
 #if KVQ_CPU_AVX512_VNNI
     score_block_vnni<M>(n, codes, meta, rows, s);
 #else
+#if KVQ_CPU_AVX2 && KVQ_CPU_F16C
+    if constexpr (kAvx2Block) {
+      score_block_avx2<M>(n, codes, meta, rows, s);
+      return;
+    }
+#endif
     float decoded[2 * kGroups];
     for (int j = 0; j < n; ++j) {
       for (int i = 0; i < 2 * kGroups; ++i) decoded[i] = MetaTraits<M>::decode(meta[j][i]);
@@ -173,6 +180,105 @@ struct Int8Query {
       lo_lane[lane] = meta[2 * kLaneGroup[lane] + 1];
     }
   }
+
+#if KVQ_CPU_AVX2 && KVQ_CPU_F16C
+  // The AVX2 block path: codes ≤ 4 bits (vpmaddubsw's int16 pairs cannot overflow),
+  // 16 accumulator lanes, and at most 8 metadata values per token (one vpermps spreads
+  // them over the lanes). Other shapes take score() token by token.
+  static constexpr bool kAvx2Block = Bits <= 4 && kAccLanes == 16 && 2 * kGroups <= 8;
+
+  // Chunk z (32 bytes) of the slab-ordered codes, unpacked in registers.
+  static KVQ_FORCE_INLINE __m256i code_chunk_avx2(const std::uint8_t* codes, int z) {
+    const __m256i mask = _mm256_set1_epi8(char((1u << Bits) - 1u));
+    if constexpr (kSlabBytes >= 32) {
+      const int k = 32 * z / kSlabBytes, j0 = 32 * z % kSlabBytes;
+      return _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j0)),
+                                                int(k * Bits)), mask);
+    } else {  // 16-byte slabs: two per chunk
+      static_assert(kSlabBytes == 16);
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+      return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, int((2 * z + 1) * Bits)), _mm_srli_epi16(x, int(2 * z * Bits))),
+                              mask);
+    }
+  }
+
+  // The token's 2·kGroups (≤ 8) metadata values as fp32 lanes; lanes past them are 0.
+  template <MetaType M>
+  static KVQ_FORCE_INLINE __m256 load_meta_avx2(const meta_storage_t<M>* meta) {
+    meta_storage_t<M> buf[8] = {};
+    std::memcpy(buf, meta, 2 * kGroups * sizeof(meta_storage_t<M>));  // never reads past the token
+    if constexpr (M == MetaType::fp32) {
+      return _mm256_loadu_ps(buf);
+    } else {
+      const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(buf));
+      if constexpr (M == MetaType::fp16) return _mm256_cvtph_ps(bits);
+      else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));  // bf16
+    }
+  }
+
+  static KVQ_FORCE_INLINE __m256 fmadd_avx2(__m256 a, __m256 b, __m256 c) {
+#if KVQ_CPU_FMA
+    return _mm256_fmadd_ps(a, b, c);
+#else
+    return _mm256_add_ps(_mm256_mul_ps(a, b), c);
+#endif
+  }
+
+  // score_block on AVX2: per token the codes are unpacked once, each row's lane sums
+  // come from vpmaddubsw + vpmaddwd, and the 8-lane factors of 8 tokens are reduced
+  // together by one transpose (sum_lanes_8x8).
+  template <MetaType M>
+  KVQ_FORCE_INLINE void score_block_avx2(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta,
+                                         int rows, float (*s)[kTokensPerBlock]) const {
+    constexpr int kChunks = D / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s_index[2], lo_index[2];
+    for (int a = 0; a < 2; ++a) {
+      alignas(32) std::int32_t idx[8];
+      for (int l = 0; l < 8; ++l) idx[l] = 2 * kLaneGroup[8 * a + l];
+      s_index[a] = _mm256_load_si256(reinterpret_cast<const __m256i*>(idx));
+      lo_index[a] = _mm256_add_epi32(s_index[a], _mm256_set1_epi32(1));
+    }
+    FloatVec<8> partial[kMaxRowsPerPass][8];  // [row][token of the 8]
+    for (int j0 = 0; j0 < n; j0 += 8) {
+      const int m = n - j0 < 8 ? n - j0 : 8;
+      for (int j = 0; j < 8; ++j) {
+        if (j >= m) {
+          for (int r = 0; r < rows; ++r) partial[r][j] = FloatVec<8>{};
+          continue;
+        }
+        __m256i c[kChunks];
+        KVQ_UNROLL for (int z = 0; z < kChunks; ++z) c[z] = code_chunk_avx2(codes[j0 + j], z);
+        const __m256 meta8 = load_meta_avx2<M>(meta[j0 + j]);
+        __m256 s_vec[2], lo_vec[2];
+        KVQ_UNROLL for (int a = 0; a < 2; ++a) {
+          s_vec[a] = _mm256_permutevar8x32_ps(meta8, s_index[a]);
+          lo_vec[a] = _mm256_permutevar8x32_ps(meta8, lo_index[a]);
+        }
+        for (int r = 0; r < rows; ++r) {
+          __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+          KVQ_UNROLL for (int z = 0; z < kChunks; ++z) {
+            const __m256i pairs = _mm256_maddubs_epi16(c[z], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * z)));
+            acc[z % 2] = _mm256_add_epi32(acc[z % 2], _mm256_madd_epi16(pairs, ones));  // lanes (8z) mod 16
+          }
+          __m256 f = _mm256_setzero_ps();
+          KVQ_UNROLL for (int a = 0; a < 2; ++a) {
+            const __m256 code_term =
+                fmadd_avx2(_mm256_cvtepi32_ps(acc[a]), _mm256_load_ps(sigma[r] + 8 * a), _mm256_load_ps(residual[r] + 8 * a));
+            f = fmadd_avx2(code_term, s_vec[a], f);
+            f = fmadd_avx2(lo_vec[a], _mm256_load_ps(group_sum[r] + 8 * a), f);
+          }
+          partial[r][j] = FloatVec<8>(f);
+        }
+      }
+      for (int r = 0; r < rows; ++r) {
+        alignas(32) float sums[8];
+        sum_lanes_8x8(partial[r], sums);
+        std::memcpy(&s[r][j0], sums, m * sizeof(float));
+      }
+    }
+  }
+#endif
 
 #if KVQ_CPU_AVX512_VNNI
   // Chunk z (64 bytes) of the slab-ordered codes, unpacked in registers.
