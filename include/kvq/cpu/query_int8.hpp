@@ -152,7 +152,8 @@ struct Int8Query {
   // s[r][j] for r < rows, j < n ≤ kTokensPerBlock: a block of tokens whose packed rows
   // and stored metadata (2·kGroups values of M) are codes[j] and meta[j]. With AVX-512
   // VNNI the metadata is widened in registers and each row's 16-lane sums of 16 tokens
-  // are reduced together by one transpose (reduce_16x16) instead of 16 horizontal sums.
+  // are reduced together by one transpose (reduce_16x16) instead of 16 horizontal sums;
+  // AVX2 does the same 8 tokens at a time where kAvx2Block holds.
   template <MetaType M>
   void score_block(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta, int rows,
                    float (*s)[kTokensPerBlock]) const {
