@@ -15,7 +15,7 @@
 // Σ_g s_g·σ_g/2·Σ_{i∈g} |c_i − μ| (half the uncorrected Σ_g s_g·σ_g/2·Σ c_i at worst,
 // less for codes near the middle).
 // Meant for 2- and 4-bit keys: there the attention error it adds is a few percent of the
-// cache's own (tests/attention/test_query_int8.cpp); 8-bit keys are as fine as the int8
+// cache's own (tests/cpu/test_query_int8.cpp); 8-bit keys are as fine as the int8
 // query, which then doubles their error.
 //
 // Codes are unpacked to one byte each in slab order (slab_position), so each 4-byte
