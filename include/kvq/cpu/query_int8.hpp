@@ -12,8 +12,9 @@
 // AVX-512 VNNI, vpmaddubsw + vpmaddwd with AVX2 (codes ≤ 4 bits, so no int16
 // saturation), plain loops otherwise — the same integers on every target. The lo term
 // uses the exact fp32 sums. |ρ_i| ≤ σ_g/2, so the logit moves by at most
-// Σ_g s_g·σ_g/2·Σ_{i∈g} |c_i − μ| (half the uncorrected Σ_g s_g·σ_g/2·Σ c_i at worst,
-// less for codes near the middle).
+// Σ_g s_g·σ_g/2·Σ_{i∈g} |c_i − μ|. Its worst case (every code 0 or 2μ) is half that of
+// the uncorrected Σ_g s_g·σ_g/2·Σ c_i; codes cluster near the middle, where it is far
+// smaller (codes near 0 are the one case the uncorrected form bounds better).
 // Meant for 2- and 4-bit keys: there the attention error it adds is a few percent of the
 // cache's own (tests/cpu/test_query_int8.cpp); 8-bit keys are as fine as the int8
 // query, which then doubles their error.
