@@ -90,6 +90,13 @@ struct Int8Query {
     for (int lane = 0; lane < kAccLanes; ++lane) ++n[kLaneGroup[lane]];
     return n;
   }();
+  // The metadata index of each lane's scale (its lo is at +1), for the SIMD block paths'
+  // permutes.
+  alignas(64) static constexpr std::array<std::int32_t, kAccLanes> kScaleIndex = [] {
+    std::array<std::int32_t, kAccLanes> idx{};
+    for (int lane = 0; lane < kAccLanes; ++lane) idx[lane] = 2 * kLaneGroup[lane];
+    return idx;
+  }();
 
   // Quantizes row r from q' [D] (natural order, already × τ). A non-finite group makes
   // its lanes' factor NaN, so every logit of the row is NaN, as in the fp32 path.
@@ -236,9 +243,7 @@ struct Int8Query {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i s_index[2], lo_index[2];
     for (int a = 0; a < 2; ++a) {
-      alignas(32) std::int32_t idx[8];
-      for (int l = 0; l < 8; ++l) idx[l] = 2 * kLaneGroup[8 * a + l];
-      s_index[a] = _mm256_load_si256(reinterpret_cast<const __m256i*>(idx));
+      s_index[a] = _mm256_load_si256(reinterpret_cast<const __m256i*>(kScaleIndex.data() + 8 * a));
       lo_index[a] = _mm256_add_epi32(s_index[a], _mm256_set1_epi32(1));
     }
     FloatVec<8> partial[kMaxRowsPerPass][8];  // [row][token of the 8]
@@ -356,12 +361,6 @@ struct Int8Query {
   KVQ_FORCE_INLINE void score_block_vnni(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta,
                                          int rows, float (*s)[kTokensPerBlock]) const {
     constexpr int kChunks = D / 64, kAcc = kAccLanes / 16;
-    // Per accumulator vector a: the metadata index of each lane's scale (lo is +1).
-    alignas(64) static constexpr std::array<std::int32_t, kAccLanes> kScaleIndex = [] {
-      std::array<std::int32_t, kAccLanes> idx{};
-      for (int lane = 0; lane < kAccLanes; ++lane) idx[lane] = 2 * kLaneGroup[lane];
-      return idx;
-    }();
     alignas(64) __m512 partial[kMaxRowsPerPass][16];  // [row][reduce position]
     for (int j0 = 0; j0 < n; j0 += 16) {
       const int m = n - j0 < 16 ? n - j0 : 16;
