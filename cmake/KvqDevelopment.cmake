@@ -32,7 +32,7 @@ function(kvq_add_core_test name)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
 endfunction()
 
-# kvq_add_isa_twin(<name> <prefix> <flag> [NOT_SANITIZED] SOURCES <src>...): the same test
+# kvq_add_isa_twin(<name> <prefix> <flag> [NOT_SANITIZED] SOURCES <src>... [LIBS <lib>...]): the same test
 # sources once more, compiled with a target flag (-march=native: AVX-512 VNNI and F16C on
 # CI's machines; -march=haswell: AVX2 without AVX-512), so the portable and the SIMD paths
 # of the CPU code are all tested. Skipped when the compiler lacks the flag; CTest names get
@@ -41,7 +41,7 @@ endfunction()
 # it still runs each SIMD kernel's own tests (tests/cpu) under ASan+UBSan in every ISA.
 include(CheckCXXCompilerFlag)
 function(kvq_add_isa_twin name prefix flag)
-  cmake_parse_arguments(ARG "NOT_SANITIZED" "" "SOURCES" ${ARGN})
+  cmake_parse_arguments(ARG "NOT_SANITIZED" "" "SOURCES;LIBS" ${ARGN})
   if(ARG_NOT_SANITIZED AND KVQ_SANITIZE)
     return()
   endif()
@@ -51,7 +51,7 @@ function(kvq_add_isa_twin name prefix flag)
     return()
   endif()
   find_package(nlohmann_json 3 REQUIRED)
-  kvq_add_test(${name} SOURCES ${ARG_SOURCES} LIBS nlohmann_json::nlohmann_json PREFIX "${prefix}.")
+  kvq_add_test(${name} SOURCES ${ARG_SOURCES} LIBS nlohmann_json::nlohmann_json ${ARG_LIBS} PREFIX "${prefix}.")
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   target_compile_options(${name} PRIVATE ${flag})
 endfunction()

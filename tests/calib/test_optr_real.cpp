@@ -79,13 +79,10 @@ TEST(OptRReal, LowersHeldOutLossesOnSmolLM2) {
   if (!std::filesystem::exists(kFixture)) GTEST_SKIP() << "fixture missing: " << kFixture;
   const OptRConfig cfg;  // DESIGN §6.3 defaults
   const Outcome o = run(cfg);
-  // Measured (2026-12-01), plain Release, default lr 0.005: K 0.663, V 0.633, end to end
-  // 0.489 (K 9/9, V 7/9 heads lowered). With lr 0.02 (2026-11-30): K 0.686, V 0.754, end to
-  // end 0.622 (V 9/9 heads lowered, end to end 8/9); with the earlier identity estimator
-  // K 0.775, V 0.810, end to end 0.581 (V 7/9), and -march=native moved those to 0.764,
-  // 0.833, 0.617 (V 6/9): the ISA changes Eigen's summation order, and 80 steps through a
-  // rounding quantizer amplify that into other trajectories (DESIGN §6.3 asks for ~1e-6
-  // across ISA flags; not met yet). The head counts are
+  // Measured (2026-12-01), default lr 0.005, fixed-order arithmetic (the same bits in
+  // every build, OptRIsa.*): K 0.663, V 0.636, end to end 0.493 (K 9/9, V 7/9 heads
+  // lowered). With Eigen's products the numbers moved with the ISA flags (identity
+  // estimator: K 0.775 / V 0.810 plain, 0.764 / 0.833 with -march=native). The head counts are
   // diagnostics (DESIGN §6.3): two V heads of nine find no rotation better than the base
   // on the one held-out sequence and keep it, and whether a third does depends on the
   // last bits of its loss, i.e. on compiler flags.

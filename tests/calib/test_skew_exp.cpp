@@ -2,6 +2,8 @@
 
 #include <random>
 
+#include <unsupported/Eigen/MatrixFunctions>
+
 #include "kvq/calib/skew_exp.hpp"
 
 using kvq::calib::MatD;
@@ -29,6 +31,37 @@ TEST(SkewExp, ExpOfSkewIsOrthogonal) {
     EXPECT_LT(kvq::calib::orthogonality_error(R), 1e-12) << n;
     EXPECT_NEAR(R.determinant(), 1.0, 1e-9);
   }
+}
+
+// The fixed-order Taylor exponential against Eigen's Padé approximant (an independent
+// algorithm), on skew and on general matrices, small to large norms (0 to 8 squarings).
+TEST(SkewExp, MatchesEigensPadeExponential) {
+  for (int n : {8, 64, 128})
+    for (double scale : {1e-3, 0.05, 0.3, 3.0}) {
+      const MatD A = random_matrix(n, scale, 100 + n);
+      for (const MatD& X : {kvq::calib::skew(A), MatD(A)}) {
+        const MatD ref = X.exp();
+        const double err = (kvq::calib::expm(X) - ref).cwiseAbs().maxCoeff() / ref.cwiseAbs().maxCoeff();
+        EXPECT_LT(err, 1e-13) << n << " " << scale;
+      }
+    }
+}
+
+// The paired recurrence against the top-right block of Eigen's exponential of
+// [[Sᵀ, G], [0, Sᵀ]] (the definition in DESIGN §6.3).
+TEST(SkewExp, FrechetAdjointMatchesEigensBlockExponential) {
+  for (int n : {8, 64})
+    for (double scale : {1e-6, 0.1, 1.0}) {
+      const MatD S = kvq::calib::skew(random_matrix(n, scale, 200 + n));
+      const MatD G = random_matrix(n, 1.0, 201);
+      MatD B = MatD::Zero(2 * n, 2 * n);
+      B.topLeftCorner(n, n) = S.transpose();
+      B.bottomRightCorner(n, n) = S.transpose();
+      B.topRightCorner(n, n) = G;
+      const MatD ref = MatD(B.exp()).topRightCorner(n, n);
+      const MatD got = kvq::calib::expm_frechet_adjoint(S, G);
+      EXPECT_LT((got - ref).cwiseAbs().maxCoeff() / ref.cwiseAbs().maxCoeff(), 1e-12) << n << " " << scale;
+    }
 }
 
 // ⟨G, d/dt exp(S + tE)⟩ = ⟨L_exp(Sᵀ, G), E⟩, checked by central differences.

@@ -7,6 +7,9 @@
 //    perm[bitrev(i)] = argsort_desc(λ)[i]. Keys use the query covariance C_Q (the
 //    directions queries actually read); values use the score-weighted value
 //    covariance C_V = mean_t w_t·v_t·v_tᵀ with w_t = k_tᵀ·C_Q·k_t normalized to mean 1.
+//    The moments are fixed-order sums (fixed_order.hpp), but the eigendecomposition is
+//    Eigen's, whose reductions follow the packet width: the covariance base is the one
+//    part of OptR whose bits may change with ISA flags (Hadamard and identity do not).
 #pragma once
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 
 #include <Eigen/Eigenvalues>
 
+#include "kvq/calib/fixed_order.hpp"
 #include "kvq/calib/skew_exp.hpp"
 #include "kvq/core/status.hpp"
 #include "kvq/rotation/hadamard.hpp"
@@ -87,7 +91,7 @@ inline MatD covariance_base(const MatD& C, std::vector<int>* perm_out = nullptr)
   Eigen::SelfAdjointEigenSolver<MatD> es(Cs);
   if (es.info() != Eigen::Success)
     throw Error(StatusCode::invalid_argument, "calib: eigendecomposition did not converge");
-  const MatD UH = es.eigenvectors() * hadamard_rotation(d);
+  const MatD UH = mm(es.eigenvectors(), hadamard_rotation(d));
   const std::vector<int> perm = bitrev_permutation(es.eigenvalues());
   MatD R0(d, d);
   for (int c = 0; c < d; ++c) R0.col(c) = UH.col(perm[c]);  // ·P with P = I[:, perm]
@@ -102,7 +106,7 @@ inline MatD query_covariance(const std::vector<MatD>& Q) {
   MatD C = MatD::Zero(d, d);
   double n = 0;
   for (const MatD& q : Q) {
-    C.noalias() += q.transpose() * q;
+    C += mm_tn(q, q);
     n += static_cast<double>(q.rows());
   }
   return C / std::max(n, 1.0);
@@ -110,10 +114,14 @@ inline MatD query_covariance(const std::vector<MatD>& Q) {
 
 // C_V = mean_t w_t·v_t·v_tᵀ, w_t = k_tᵀ·C_Q·k_t normalized to mean 1.   K, V: [L, d]
 inline MatD value_covariance(const MatD& K, const MatD& V, const MatD& CQ) {
-  const VecD w = ((K * CQ).array() * K.array()).rowwise().sum();
-  const double mean = w.mean();
-  const VecD wn = mean > 0 ? VecD(w / mean) : VecD(VecD::Ones(w.size()));
-  return V.transpose() * wn.asDiagonal() * V / std::max<double>(1.0, static_cast<double>(V.rows()));
+  const MatD KC = mm(K, CQ);
+  VecD w(K.rows());
+  double sum = 0;
+  for (Eigen::Index t = 0; t < K.rows(); ++t) sum += w[t] = row_dot(KC, K, t);
+  const double mean = K.rows() > 0 ? sum / static_cast<double>(K.rows()) : 0.0;
+  MatD Vw(V.rows(), V.cols());  // rows w_t/mean · v_t
+  for (Eigen::Index t = 0; t < V.rows(); ++t) Vw.row(t) = (mean > 0 ? w[t] / mean : 1.0) * V.row(t);
+  return mm_tn(Vw, V) / std::max<double>(1.0, static_cast<double>(V.rows()));
 }
 
 }  // namespace kvq::calib

@@ -47,17 +47,24 @@ inline RotationFit optimize_rotation(const MatD& R0,
       throw Error(StatusCode::invalid_argument, "calib: non-finite loss or gradient (check the inputs)");
     const MatD gA = cfg.param == Parameterization::exp_map ? generator_gradient(R0, A, dR)
                                                           : generator_gradient(Rcur, MatD::Zero(d, d), dR);
-    m1 = cfg.beta1 * m1 + (1 - cfg.beta1) * gA;
-    m2 = cfg.beta2 * m2 + (1 - cfg.beta2) * gA.cwiseAbs2();
+    for (Eigen::Index i = 0; i < d; ++i)
+      for (Eigen::Index j = 0; j < d; ++j) {
+        m1(i, j) = dmul(cfg.beta1, m1(i, j)) + dmul(1 - cfg.beta1, gA(i, j));
+        m2(i, j) = dmul(cfg.beta2, m2(i, j)) + dmul(1 - cfg.beta2, dmul(gA(i, j), gA(i, j)));
+      }
     b1t *= cfg.beta1;
     b2t *= cfg.beta2;
     const double lr = cfg.cosine_lr ? 0.5 * cfg.lr * (1 + std::cos(std::numbers::pi * (step - 1) / cfg.steps)) : cfg.lr;
-    const MatD delta = -lr * ((m1 / (1 - b1t)).array() /
-                                  ((m2 / (1 - b2t)).array().sqrt() + cfg.adam_eps)).matrix();
+    // Scalar loops, not Eigen array expressions: Eigen's AVX-512 packet sqrt is an
+    // approximation under EIGEN_FAST_MATH, std::sqrt is correctly rounded everywhere.
+    MatD delta(d, d);
+    for (Eigen::Index i = 0; i < d; ++i)
+      for (Eigen::Index j = 0; j < d; ++j)
+        delta(i, j) = -lr * ((m1(i, j) / (1 - b1t)) / (std::sqrt(m2(i, j) / (1 - b2t)) + cfg.adam_eps));
     if (cfg.param == Parameterization::exp_map) {
       A += delta;
     } else {
-      Rcur = Rcur * expm(skew(delta));
+      Rcur = mm(Rcur, expm(skew(delta)));
     }
     if (step % cfg.eval_every == 0 || step == cfg.steps) {
       const MatD Rn = cfg.param == Parameterization::exp_map ? rotation_from_generator(R0, A) : Rcur;

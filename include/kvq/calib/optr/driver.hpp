@@ -50,8 +50,8 @@ inline HeadResult calibrate_head(const HeadData& train, const HeadData& held, co
     throw Error(StatusCode::invalid_argument, "calib: activations have head_dim " + std::to_string(d) +
                                                   " but the policy has " + std::to_string(policy.head_dim));
   HeadResult r;
-  r.mu_k = policy.key.centered ? VecD(train.K.colwise().mean().transpose()) : VecD(VecD::Zero(d));
-  r.nu_v = policy.value.centered ? VecD(train.V.colwise().mean().transpose()) : VecD(VecD::Zero(d));
+  r.mu_k = policy.key.centered ? column_means(train.K) : VecD(VecD::Zero(d));
+  r.nu_v = policy.value.centered ? column_means(train.V) : VecD(VecD::Zero(d));
   MatD CQ, CV;
   if (cfg.base == BaseKind::covariance) {
     CQ = query_covariance(train.Q);

@@ -9,6 +9,7 @@
 
 #include "kvq/calib/activations.hpp"
 #include "kvq/calib/fake_quant.hpp"
+#include "kvq/calib/fixed_order.hpp"
 #include "kvq/calib/optr/config.hpp"
 #include "kvq/calib/optr/rotated_quant.hpp"
 #include "kvq/calib/optr/windows.hpp"
@@ -45,7 +46,7 @@ class KPhase {
     Kc_.rowwise() -= mu.transpose();
     Vq_ = detail::gather_quantized(hd.V, win_, m_);
     M_.resize(g_);
-    for (int j = 0; j < g_; ++j) M_[j] = hd.W[j].transpose() * hd.W[j];
+    for (int j = 0; j < g_; ++j) M_[j] = mm_tn(hd.W[j], hd.W[j]);
     for (const detail::SeqWin& s : win_)
       for (int j = 0; j < g_; ++j) exact_.push_back(precompute(hd, s, j));
   }
@@ -73,17 +74,22 @@ class KPhase {
         const Exact& e = exact_[e_idx];
         const Attn at = attend(e, s, Khat.middleRows(s.qrow, m));
         const MatD A = at.pV - e.pV;  // (p̃ − p)·V   [nq, d]
-        const MatD AM = A * M_[j];
-        const double kl = (e.h - (e.Pq.array() * at.Zq.array()).rowwise().sum().matrix() + at.lse).sum();
-        total += wq * kl + wshift * (AM.array() * A.array()).sum();
+        const MatD AM = mm(A, M_[j]);
+        double kl = 0;
+        for (int i = 0; i < s.nq; ++i) kl += (e.h[i] - row_dot(e.Pq, at.Zq, i)) + at.lse[i];
+        total += dmul(wq, kl) + dmul(wshift, sum_product(AM, A));
         if (dLdR && m > 0) {
           // ∂/∂z̃_q: KL gives wq·(p̃ − p); the shift term gives p̃⊙(G·vᵀ − G·(p̃V)) with
           // G = 2·wshift·A·M (softmax backward).
           const MatD G = (2.0 * wshift) * AM;
-          const VecD dot = (G.array() * at.pV.array()).rowwise().sum();
-          const MatD gp = G * Vq_.middleRows(s.qrow, m).transpose();  // [nq, m]
-          const MatD dz = wq * (at.Pq - e.Pq) + (at.Pq.array() * (gp.colwise() - dot).array()).matrix();
-          GK.middleRows(s.qrow, m).noalias() += tau_ * dz.transpose() * e.Qw;
+          const MatD gp = mm_nt(G, Vq_.middleRows(s.qrow, m));  // [nq, m]
+          MatD dz(s.nq, m);
+          for (int i = 0; i < s.nq; ++i) {
+            const double dot = row_dot(G, at.pV, i);
+            for (int t = 0; t < m; ++t)
+              dz(i, t) = dmul(wq, at.Pq(i, t) - e.Pq(i, t)) + dmul(at.Pq(i, t), gp(i, t) - dot);
+          }
+          add_scaled(tau_, mm_tn(dz, e.Qw), GK.middleRows(s.qrow, m));
         }
       }
     }
@@ -135,7 +141,7 @@ class KPhase {
     const int m = s.qe - s.qb;
     e.Qw = hd.Q[j].middleRows(s.begin + s.len - s.nq, s.nq);
     const MatD Ks = hd.K.middleRows(s.begin, s.len), Vs = hd.V.middleRows(s.begin, s.len);
-    const MatD Z = tau_ * e.Qw * Ks.transpose();  // [nq, len]
+    const MatD Z = tau_ * mm_nt(e.Qw, Ks);  // [nq, len]
     e.c = VecD::Zero(s.nq);
     e.sx = VecD::Zero(s.nq);
     e.h = VecD::Zero(s.nq);
@@ -147,12 +153,13 @@ class KPhase {
       for (int i = 0; i < s.nq; ++i) {
         const int n = visible(s, i);
         const double mx = Z.row(i).head(n).maxCoeff();
-        p.row(i).head(n) = (Z.row(i).head(n).array() - mx).exp();
-        p.row(i) /= p.row(i).sum();
+        double sum = 0;
+        for (int t = 0; t < n; ++t) sum += p(i, t) = std::exp(Z(i, t) - mx);
+        p.row(i) /= sum;
       }
       return p;
     }();
-    e.pV = P * Vs;
+    e.pV = mm(P, Vs);
     for (int i = 0; i < s.nq; ++i) {
       const int n = visible(s, i);
       double c = -std::numeric_limits<double>::infinity();
@@ -161,7 +168,7 @@ class KPhase {
       if (!std::isfinite(c)) c = 0;  // no exact column visible: sx stays 0
       e.c[i] = c;
       for (int t = 0; t < n; ++t) {
-        const double pl = P(i, t) > 0 ? P(i, t) * std::log(P(i, t)) : 0.0;
+        const double pl = P(i, t) > 0 ? dmul(P(i, t), std::log(P(i, t))) : 0.0;
         e.h[i] += pl;
         if (t >= s.qb && t < s.qe) {
           e.Pq(i, t - s.qb) = P(i, t);
@@ -169,8 +176,8 @@ class KPhase {
         } else {
           const double w = std::exp(Z(i, t) - c);
           e.sx[i] += w;
-          e.Ex.row(i) += w * Vs.row(t);
-          e.h[i] -= P(i, t) * Z(i, t);
+          for (int c = 0; c < d_; ++c) e.Ex(i, c) += dmul(w, Vs(t, c));
+          e.h[i] -= dmul(P(i, t), Z(i, t));
         }
       }
     }
@@ -181,7 +188,7 @@ class KPhase {
   Attn attend(const Exact& e, const detail::SeqWin& s, const Eigen::Ref<const MatD>& Khat_q) const {
     const int m = s.qe - s.qb;
     Attn a;
-    a.Zq = m > 0 ? MatD(tau_ * e.Qw * Khat_q.transpose()) : MatD::Zero(s.nq, 0);
+    a.Zq = m > 0 ? MatD(tau_ * mm_nt(e.Qw, Khat_q)) : MatD::Zero(s.nq, 0);
     a.Pq = MatD::Zero(s.nq, m);
     a.lse = VecD::Zero(s.nq);
     a.pV = MatD::Zero(s.nq, d_);
@@ -190,7 +197,7 @@ class KPhase {
       double mx = has_exact ? e.c[i] : -std::numeric_limits<double>::infinity();
       for (int t = 0; t < m; ++t)
         if (e.mask(i, t) > 0) mx = std::max(mx, a.Zq(i, t));
-      double total = has_exact ? e.sx[i] * std::exp(e.c[i] - mx) : 0.0;
+      double total = has_exact ? dmul(e.sx[i], std::exp(e.c[i] - mx)) : 0.0;
       for (int t = 0; t < m; ++t)
         if (e.mask(i, t) > 0) {
           a.Pq(i, t) = std::exp(a.Zq(i, t) - mx);
@@ -202,7 +209,7 @@ class KPhase {
       a.Pq.row(i) /= total;
       if (has_exact) a.pV.row(i) = std::exp(e.c[i] - a.lse[i]) * e.Ex.row(i);
     }
-    if (m > 0) a.pV.noalias() += a.Pq * Vq_.middleRows(s.qrow, m);
+    if (m > 0) a.pV += mm(a.Pq, Vq_.middleRows(s.qrow, m));
     return a;
   }
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kvq/calib/fake_quant.hpp"
-#include "kvq/calib/skew_exp.hpp"
+#include "kvq/calib/fixed_order.hpp"
 #include "kvq/core/policy.hpp"
 
 namespace kvq::calib {
@@ -41,14 +41,14 @@ struct RotatedQuant {
 
   static RotatedQuant forward(const MatD& Xc, const MatD& R, const QuantSpec& spec, const QuantSte* frozen = nullptr) {
     RotatedQuant o;
-    const MatD Y = Xc * R;
+    const MatD Y = mm(Xc, R);
     if (frozen) {
       o.ste = *frozen;
       o.Xhat = surrogate(Y, o.ste);
     } else {
       o.ste = estimator(Y, spec, &o.Xhat);
     }
-    o.recon = o.Xhat * R.transpose();
+    o.recon = mm_nt(o.Xhat, R);
     return o;
   }
 
@@ -58,7 +58,7 @@ struct RotatedQuant {
   // ∂L/∂R given G = ∂L/∂recon [m, d]: through Y = Xc·R with the estimator's Jacobian
   // ∂X̂/∂Y, plus the explicit Rᵀ of recon.
   MatD grad_R(const MatD& Xc, const MatD& R, const MatD& G) const {
-    return Xc.transpose() * backward(G * R, ste) + G.transpose() * Xhat;
+    return mm_tn(Xc, backward(mm(G, R), ste)) + mm_tn(G, Xhat);
   }
 
   // ∂L/∂Y from ∂L/∂X̂ (both [m, d]) under the estimator:
@@ -69,10 +69,10 @@ struct RotatedQuant {
     for (Eigen::Index i = 0; i < dXhat.rows(); ++i)
       for (Eigen::Index g0 = 0; g0 < dXhat.cols(); g0 += G) {
         double through_range = 0;
-        for (int k = 0; k < G; ++k) through_range += dXhat(i, g0 + k) * ste.delta(i, g0 + k);
+        for (int k = 0; k < G; ++k) through_range += dmul(dXhat(i, g0 + k), ste.delta(i, g0 + k));
         through_range /= ste.levels;
         for (int k = 0; k < G; ++k)
-          dY(i, g0 + k) = ste.pass(i, g0 + k) * (dXhat(i, g0 + k) + ste.range_weight(i, g0 + k) * through_range);
+          dY(i, g0 + k) = ste.pass(i, g0 + k) * (dXhat(i, g0 + k) + dmul(ste.range_weight(i, g0 + k), through_range));
       }
     return dY;
   }
@@ -86,10 +86,10 @@ struct RotatedQuant {
         for (int k = 0; k < G; ++k) {
           const double yc = ste.pass(i, g0 + k) != 0 ? Y(i, g0 + k) : ste.pinned(i, g0 + k);
           out(i, g0 + k) = yc;
-          range += ste.range_weight(i, g0 + k) * yc;
+          range += dmul(ste.range_weight(i, g0 + k), yc);
         }
         const double s = range / ste.levels;
-        for (int k = 0; k < G; ++k) out(i, g0 + k) += ste.delta(i, g0 + k) * s;
+        for (int k = 0; k < G; ++k) out(i, g0 + k) += dmul(ste.delta(i, g0 + k), s);
       }
     return out;
   }
@@ -153,7 +153,7 @@ struct RotatedQuant {
             if (vc == lo && !lo_pinned) w -= 1.0 / n_lo;
           }
           e.range_weight(i, g0 + k) = w;
-          weighted += w * Y(i, g0 + k);  // w ≠ 0 only where the element passes
+          weighted += dmul(w, Y(i, g0 + k));  // w ≠ 0 only where the element passes
         }
         e.range_offset(i, g0 / G) = range0 - weighted;
         const double s = range0 / e.levels;

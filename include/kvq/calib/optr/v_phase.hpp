@@ -6,6 +6,7 @@
 
 #include "kvq/calib/activations.hpp"
 #include "kvq/calib/fake_quant.hpp"
+#include "kvq/calib/fixed_order.hpp"
 #include "kvq/calib/optr/config.hpp"
 #include "kvq/calib/optr/k_phase.hpp"
 #include "kvq/calib/optr/rotated_quant.hpp"
@@ -29,7 +30,7 @@ class VPhase {
     Vc_ = detail::gather_quantized(hd.V, win_, m_);
     Vc_.rowwise() -= nu.transpose();
     M_.resize(g_);
-    for (int j = 0; j < g_; ++j) M_[j] = hd.W[j].transpose() * hd.W[j];
+    for (int j = 0; j < g_; ++j) M_[j] = mm_tn(hd.W[j], hd.W[j]);
     P_ = kphase.quantized_probs(RK);
     w_ = 1.0 / (g_ * static_cast<double>(kphase.query_total()) * static_cast<double>(hd.W[0].rows()));
   }
@@ -48,10 +49,10 @@ class VPhase {
       const int m = s.qe - s.qb;
       for (int j = 0; j < g_; ++j, ++idx) {
         if (m == 0) continue;
-        const MatD B = P_[idx] * dV.middleRows(s.qrow, m);  // p̃·ΔV   [nq, d]
-        const MatD BM = B * M_[j];
-        total += w_ * (BM.array() * B.array()).sum();
-        if (dLdR) G.middleRows(s.qrow, m).noalias() += (2.0 * w_) * P_[idx].transpose() * BM;
+        const MatD B = mm(P_[idx], dV.middleRows(s.qrow, m));  // p̃·ΔV   [nq, d]
+        const MatD BM = mm(B, M_[j]);
+        total += dmul(w_, sum_product(BM, B));
+        if (dLdR) add_scaled(2.0 * w_, mm_tn(P_[idx], BM), G.middleRows(s.qrow, m));
       }
     }
     if (dLdR) *dLdR = rq.grad_R(Vc_, R, G);
