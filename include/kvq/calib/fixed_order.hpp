@@ -75,52 +75,62 @@ inline void gemm_rows_scalar(const DView& A, const double* B, std::ptrdiff_t ldb
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
 #define KVQ_CALIB_X86_KERNELS 1
 
-// The vector kernel for W fp64 lanes: blocks of 4 rows × 2W columns held in 8
-// accumulators; per k, two B vectors and four broadcast A values. Each lane performs
-// exactly the scalar kernel's roundings. Inlined into the target-specific wrappers below,
-// which choose the instructions.
+// R rows × NV vectors of W lanes of C, starting at (i, j), over k in [k0, k1): R·NV
+// accumulators, per k NV loads of B and R broadcasts of A. The accumulators start from
+// +0 when k0 = 0 and from C otherwise (a stored double reloads exactly, so splitting K
+// keeps one ascending sum). Each lane performs exactly the scalar kernel's roundings.
+template <int W, int R, int NV>
+__attribute__((always_inline)) inline void gemm_block(const DView& A, const double* B, std::ptrdiff_t ldb,
+                                                      double* C, std::ptrdiff_t ldc, std::ptrdiff_t i,
+                                                      std::ptrdiff_t j, std::ptrdiff_t k0, std::ptrdiff_t k1) {
+  typedef double V __attribute__((vector_size(W * 8), aligned(8), may_alias));
+  V acc[R][NV] = {};
+  if (k0 > 0)
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = *reinterpret_cast<const V*>(C + (i + r) * ldc + j + v * W);
+  for (std::ptrdiff_t k = k0; k < k1; ++k) {
+    V b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = *reinterpret_cast<const V*>(B + k * ldb + j + v * W);
+    for (int r = 0; r < R; ++r) {
+      const double a = A(i + r, k);
+      for (int v = 0; v < NV; ++v) {
+        V p = b[v] * a;
+        __asm__("" : "+x"(p));  // no fusion with the add
+        acc[r][v] += p;
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) *reinterpret_cast<V*>(C + (i + r) * ldc + j + v * W) = acc[r][v];
+}
+
+// The vector kernel for W fp64 lanes, blocked as GotoBLAS is (without packing): chunks
+// of kMc rows × kKc of K keep A's chunk in L2 and one panel of B (kKc × 2W) in L1 while
+// every row block of the chunk passes over it. Row blocks are 8 rows with AVX-512's 32
+// registers (16 accumulators), 4 rows otherwise. Inlined into the target-specific
+// wrappers below, which choose the instructions.
 template <int W>
 __attribute__((always_inline)) inline void gemm_vector(const DView& A, const double* B, std::ptrdiff_t ldb,
                                                        double* C, std::ptrdiff_t ldc, std::ptrdiff_t M,
                                                        std::ptrdiff_t N, std::ptrdiff_t K) {
-  typedef double V __attribute__((vector_size(W * 8), aligned(8), may_alias));
-  constexpr int kRows = 4, kCols = 2 * W;
-  const std::ptrdiff_t n_vec = N - N % kCols;
-  std::ptrdiff_t i = 0;
-  for (; i + kRows <= M; i += kRows) {
-    for (std::ptrdiff_t j = 0; j < n_vec; j += kCols) {
-      V acc[kRows][2] = {};
-      for (std::ptrdiff_t k = 0; k < K; ++k) {
-        const V b0 = *reinterpret_cast<const V*>(B + k * ldb + j);
-        const V b1 = *reinterpret_cast<const V*>(B + k * ldb + j + W);
-        for (int r = 0; r < kRows; ++r) {
-          const double a = A(i + r, k);
-          V p0 = b0 * a, p1 = b1 * a;
-          __asm__("" : "+x"(p0), "+x"(p1));  // no fusion with the adds
-          acc[r][0] += p0;
-          acc[r][1] += p1;
-        }
+  constexpr int kRows = W >= 8 ? 8 : 4, kCols = 2 * W;
+  constexpr std::ptrdiff_t kMc = 64, kKc = 256;
+  for (std::ptrdiff_t i0 = 0; i0 < M; i0 += kMc) {
+    const std::ptrdiff_t i1 = i0 + kMc < M ? i0 + kMc : M;
+    for (std::ptrdiff_t k0 = 0; k0 < K; k0 += kKc) {
+      const std::ptrdiff_t k1 = k0 + kKc < K ? k0 + kKc : K;
+      std::ptrdiff_t j = 0;
+      for (; j + kCols <= N; j += kCols) {
+        std::ptrdiff_t i = i0;
+        for (; i + kRows <= i1; i += kRows) gemm_block<W, kRows, 2>(A, B, ldb, C, ldc, i, j, k0, k1);
+        for (; i < i1; ++i) gemm_block<W, 1, 2>(A, B, ldb, C, ldc, i, j, k0, k1);
       }
-      for (int r = 0; r < kRows; ++r) {
-        *reinterpret_cast<V*>(C + (i + r) * ldc + j) = acc[r][0];
-        *reinterpret_cast<V*>(C + (i + r) * ldc + j + W) = acc[r][1];
-      }
+      for (; j + W <= N; j += W)
+        for (std::ptrdiff_t i = i0; i < i1; ++i) gemm_block<W, 1, 1>(A, B, ldb, C, ldc, i, j, k0, k1);
     }
-    gemm_rows_scalar(A, B, ldb, C, ldc, i, kRows, n_vec, N, K);
-  }
-  // Leftover rows: one row × W columns at a time.
-  for (; i < M; ++i) {
-    std::ptrdiff_t j = 0;
-    for (; j + W <= N; j += W) {
-      V acc = {};
-      for (std::ptrdiff_t k = 0; k < K; ++k) {
-        V p = *reinterpret_cast<const V*>(B + k * ldb + j) * A(i, k);
-        __asm__("" : "+x"(p));
-        acc += p;
-      }
-      *reinterpret_cast<V*>(C + i * ldc + j) = acc;
-    }
-    gemm_rows_scalar(A, B, ldb, C, ldc, i, 1, j, N, K);
+    // Columns left over from the vectors: the scalar kernel, whole K at once.
+    const std::ptrdiff_t j_tail = N - N % W;
+    if (j_tail < N) gemm_rows_scalar(A, B, ldb, C, ldc, i0, i1 - i0, j_tail, N, K);
   }
 }
 
@@ -174,6 +184,17 @@ inline void gemm_dispatch(GemmKernel kernel, const DView& A, const double* B, st
   gemm_rows_scalar(A, B, ldb, C, ldc, 0, M, 0, N, K);
 }
 
+// Xᵀ by 8 × 8 tiles (a plain transposed copy writes one cache line per element).
+inline MatD transposed(const Eigen::Ref<const MatD>& X) {
+  const Eigen::Index R = X.rows(), C = X.cols();
+  MatD T(C, R);
+  for (Eigen::Index r0 = 0; r0 < R; r0 += 8)
+    for (Eigen::Index c0 = 0; c0 < C; c0 += 8)
+      for (Eigen::Index r = r0; r < r0 + 8 && r < R; ++r)
+        for (Eigen::Index c = c0; c < c0 + 8 && c < C; ++c) T(c, r) = X(r, c);
+  return T;
+}
+
 }  // namespace detail
 
 enum class Trans { none, transpose };
@@ -199,7 +220,7 @@ inline MatD gemm(const Eigen::Ref<const MatD>& A, Trans ta, const Eigen::Ref<con
   const double* b = B.data();
   std::ptrdiff_t ldb = B.outerStride();
   if (tb == Trans::transpose) {
-    Bt = B.transpose();
+    Bt = detail::transposed(B);
     b = Bt.data();
     ldb = Bt.outerStride();
   }

@@ -45,6 +45,7 @@ class KPhase {
     Kc_ = detail::gather_quantized(hd.K, win_, m_);
     Kc_.rowwise() -= mu.transpose();
     Vq_ = detail::gather_quantized(hd.V, win_, m_);
+    VqT_ = detail::transposed(Vq_);
     M_.resize(g_);
     for (int j = 0; j < g_; ++j) M_[j] = mm_tn(hd.W[j], hd.W[j]);
     for (const detail::SeqWin& s : win_)
@@ -82,7 +83,7 @@ class KPhase {
           // ∂/∂z̃_q: KL gives wq·(p̃ − p); the shift term gives p̃⊙(G·vᵀ − G·(p̃V)) with
           // G = 2·wshift·A·M (softmax backward).
           const MatD G = (2.0 * wshift) * AM;
-          const MatD gp = mm_nt(G, Vq_.middleRows(s.qrow, m));  // [nq, m]
+          const MatD gp = mm(G, VqT_.middleCols(s.qrow, m));  // [nq, m]
           MatD dz(s.nq, m);
           for (int i = 0; i < s.nq; ++i) {
             const double dot = row_dot(G, at.pV, i);
@@ -220,6 +221,7 @@ class KPhase {
   double tau_ = 0, D_ = 1;
   std::vector<detail::SeqWin> win_;
   MatD Kc_, Vq_;  // [m, d] centered quantized keys, their values
+  MatD VqT_;      // [d, m] Vq_ transposed, for G·Vqᵀ
   std::vector<MatD> M_;
   std::vector<Exact> exact_;
 };
