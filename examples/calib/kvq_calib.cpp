@@ -106,7 +106,7 @@ void add_windows(CLI::App* app, Common& c) {
 }
 
 int run_optr(Common& c, const std::string& policy_name, const std::string& out, const std::string& base,
-             const std::string& param, bool zero_key_mean) {
+             const std::string& param, bool zero_key_mean, bool train_key_mean) {
   auto ls = load(c);
   const kvq::Policy P = policy_by_name(policy_name, ls.front().head_dim);
   // --zero-key-mean calibrates without key centering and stores μ_K = 0: subtracting a
@@ -114,6 +114,8 @@ int run_optr(Common& c, const std::string& policy_name, const std::string& out, 
   // deploys as "no key centering".
   kvq::Policy calibrated = P;
   if (zero_key_mean) calibrated.key.centered = false;
+  if (train_key_mean)  // ignore the capture's k_mean: μ_K from the training tokens
+    for (auto& l : ls) l.key_mean.clear();
   if (base == "hadamard") c.cfg.base = BaseKind::hadamard;
   else if (base == "covariance") c.cfg.base = BaseKind::covariance;
   else if (base == "identity") c.cfg.base = BaseKind::identity;
@@ -150,7 +152,10 @@ int run_optr(Common& c, const std::string& policy_name, const std::string& out, 
   fmt::print("\nheld-out loss lowered on K {}/{} heads, V {}/{} heads; calibration {:.1f}s\n", kbetter, heads,
              vbetter, heads, secs);
   Artifact art = make_artifact(res, P, c.cfg, c.input);
-  art.info["key_mean"] = calibrated.key.centered ? "measured" : "zero";
+  art.info["key_mean"] = !calibrated.key.centered ? "zero"
+                         : ls.front().key_mean.empty()
+                             ? "measured"
+                             : fmt::format("measured over {} tokens outside the sequences", ls.front().key_mean_tokens);
   write_artifact(art, out);
   fmt::print("wrote {}\n", out);
   return 0;
@@ -278,7 +283,9 @@ int main(int argc, char** argv) {
   optr->add_option("--eval-every", oc.cfg.eval_every, "held-out evaluation period")->capture_default_str();
   optr->add_option("--heldout", oc.cfg.heldout_fraction, "fraction of sequences held out")->capture_default_str();
   optr->add_flag("--cosine-lr", oc.cfg.cosine_lr, "decay the learning rate to 0 by a half cosine (default: constant)");
-  bool zero_key_mean = false;
+  bool zero_key_mean = false, train_key_mean = false;
+  optr->add_flag("--train-key-mean", train_key_mean,
+                 "center keys with the training tokens' mean even when the capture has k_mean (--mean-seqs)");
   optr->add_flag("--zero-key-mean", zero_key_mean,
                  "calibrate without key centering and store mu_K = 0 (deploys as no centering)");
 
@@ -301,7 +308,7 @@ int main(int argc, char** argv) {
     if (c.threads > 0) omp_set_num_threads(c.threads);
 #endif
     c.cfg.validate();
-    if (optr->parsed()) return run_optr(oc, policy, out, base, param, zero_key_mean);
+    if (optr->parsed()) return run_optr(oc, policy, out, base, param, zero_key_mean, train_key_mean);
     return run_allocate(ac, budget, cands, table, artifact);
   } catch (const std::exception& e) {
     fmt::print(stderr, "kvq_calib: error: {}\n", e.what());

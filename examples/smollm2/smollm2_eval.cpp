@@ -365,6 +365,7 @@ int cmd_passkey(const std::string& model_path, const PasskeyArgs& a, const Param
 struct CaptureArgs {
   std::string text, out, layers = "all", dtype = "f32";
   int seq_len = 1024, seqs = 8, skip = 0;  // the calibration recipe (README): 6 train, 2 held out
+  int mean_seqs = 0;  // further sequences whose keys only feed the per-layer key mean (k_mean)
   bool save_ids = false, save_kv_weights = false;
 };
 
@@ -372,9 +373,10 @@ int cmd_capture(const std::string& model_path, const CaptureArgs& a, const Cache
   auto L = load(model_path);
   const Model& m = L->model;
   const auto& c = m.cfg;
-  const long long need = static_cast<long long>(a.skip) + static_cast<long long>(a.seq_len) * a.seqs;
+  const long long need =
+      static_cast<long long>(a.skip) + static_cast<long long>(a.seq_len) * (a.seqs + std::max(a.mean_seqs, 0));
   const auto all = encode_prefix(L->tok, smollm2::read_text(a.text), static_cast<std::size_t>(std::max(need, 0LL)));
-  if (a.seq_len < 1 || a.seqs < 1 || static_cast<long long>(all.size()) < need)
+  if (a.seq_len < 1 || a.seqs < 1 || a.mean_seqs < 0 || static_cast<long long>(all.size()) < need)
     throw kvq::Error(kvq::StatusCode::invalid_argument,
                      fmt::format("capture needs {} tokens, the text has {}", need, all.size()));
   smollm2::Capture cap;
@@ -399,11 +401,33 @@ int cmd_capture(const std::string& model_path, const CaptureArgs& a, const Cache
     offsets.push_back(offsets.back() + a.seq_len);
     fmt::print(stderr, "captured sequence {}/{}\n", s + 1, a.seqs);
   }
+  // Key means over the mean_seqs sequences after the captured ones: summed in fp64 in token
+  // order, their K rows dropped after each sequence.   key_sum[l]: [Hkv·d]
+  const std::int64_t d = c.head_dim, kv_row = c.n_kv_heads * d;
+  std::vector<std::vector<double>> key_sum(c.n_layers);
+  smollm2::Capture mcap;
+  mcap.layers = cap.layers;
+  mcap.q.resize(c.n_layers);
+  mcap.k.resize(c.n_layers);
+  mcap.v.resize(c.n_layers);
+  for (int s = 0; s < a.mean_seqs; ++s) {
+    const auto b = all.begin() + a.skip + static_cast<std::ptrdiff_t>(a.seqs + s) * a.seq_len;
+    run_sequence(m, std::vector<int>(b, b + a.seq_len), caches, ca.block, nullptr, &mcap);
+    for (int l : chosen) {
+      key_sum[l].resize(static_cast<std::size_t>(kv_row), 0.0);
+      for (std::size_t i = 0; i < mcap.k[l].size(); ++i) key_sum[l][i % kv_row] += mcap.k[l][i];
+      mcap.q[l].clear();
+      mcap.k[l].clear();
+      mcap.v[l].clear();
+    }
+    fmt::print(stderr, "key-mean sequence {}/{}\n", s + 1, a.mean_seqs);
+  }
+  const std::int64_t mean_tokens = static_cast<std::int64_t>(a.mean_seqs) * a.seq_len;
   kvq::io::DType dt = kvq::io::DType::F32;
   if (a.dtype == "f16") dt = kvq::io::DType::F16;
   else if (a.dtype == "bf16") dt = kvq::io::DType::BF16;
   else if (a.dtype != "f32") throw kvq::Error(kvq::StatusCode::invalid_argument, "--dtype must be f32, f16 or bf16");
-  const std::int64_t Ltot = offsets.back(), d = c.head_dim;
+  const std::int64_t Ltot = offsets.back();
   std::vector<kvq::calib::LayerActivations> acts;
   std::string layer_list;
   for (int l : chosen) {
@@ -420,6 +444,11 @@ int cmd_capture(const std::string& model_path, const CaptureArgs& a, const Cache
     const RowMat& wo = m.layers[l].wo;  // [D, Hq·d]
     la.w_o.assign(wo.data(), wo.data() + wo.size());
     la.seq_offsets = offsets;
+    if (mean_tokens > 0) {
+      la.key_mean.resize(static_cast<std::size_t>(kv_row));
+      for (std::int64_t i = 0; i < kv_row; ++i) la.key_mean[i] = static_cast<float>(key_sum[l][i] / mean_tokens);
+      la.key_mean_tokens = mean_tokens;
+    }
     acts.push_back(std::move(la));
     layer_list += (layer_list.empty() ? "" : ",") + std::to_string(l);
   }
@@ -442,6 +471,10 @@ int cmd_capture(const std::string& model_path, const CaptureArgs& a, const Cache
   w.set_metadata("rope", "adjacent pairs (GGUF/NORM); K is post-RoPE as cached");
   w.set_metadata("source", fmt::format("{} tokens [{}, {}) of {}", Ltot, a.skip, a.skip + Ltot,
                                        std::filesystem::path(a.text).filename().string()));
+  if (mean_tokens > 0)
+    w.set_metadata("key_mean_source", fmt::format("{} tokens [{}, {}) of {}", mean_tokens, a.skip + Ltot,
+                                                  a.skip + Ltot + mean_tokens,
+                                                  std::filesystem::path(a.text).filename().string()));
   w.write(a.out);
   fmt::print(stderr, "wrote {} (layers {}, {} tokens in {} sequences)\n", a.out, layer_list, Ltot, a.seqs);
   return 0;
@@ -545,6 +578,9 @@ int main(int argc, char** argv) {
   capc->add_option("--seq-len", cpa.seq_len, "tokens per sequence")->check(CLI::PositiveNumber);
   capc->add_option("--seqs", cpa.seqs, "number of sequences")->check(CLI::PositiveNumber);
   capc->add_option("--skip", cpa.skip, "tokens skipped at the start of the text")->check(CLI::NonNegativeNumber);
+  capc->add_option("--mean-seqs", cpa.mean_seqs,
+                   "further sequences after the captured ones whose keys give each layer's key mean (k_mean)")
+      ->check(CLI::NonNegativeNumber);
   capc->add_option("--dtype", cpa.dtype, "storage dtype: f32, f16 or bf16");
   capc->add_flag("--save-ids", cpa.save_ids, "also store the token ids (I32 [L]) as 'token_ids'");
   capc->add_flag("--kv-weights", cpa.save_kv_weights,

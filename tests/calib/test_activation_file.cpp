@@ -29,6 +29,36 @@ TEST(ActivationFile, RoundTrip) {
   EXPECT_EQ(back[0].seq_offsets, ls[0].seq_offsets);
 }
 
+// The optional key mean (capture --mean-seqs) round-trips with its token count, reaches the
+// per-head view, and becomes the calibration's μ_K.
+TEST(ActivationFile, KeyMeanRoundTripsAndCentersKeys) {
+  auto ls = two_layers();
+  EXPECT_TRUE(read_activations(kvq::io::SafetensorsFile::from_bytes(activations_writer(ls).to_bytes()))[0]
+                  .key_mean.empty());
+  for (auto& l : ls) {
+    l.key_mean.resize(static_cast<std::size_t>(l.hkv) * l.head_dim);
+    for (std::size_t i = 0; i < l.key_mean.size(); ++i) l.key_mean[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+    l.key_mean_tokens = 4096;
+  }
+  const auto back = read_activations(kvq::io::SafetensorsFile::from_bytes(activations_writer(ls).to_bytes()));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].key_mean, ls[1].key_mean);
+  EXPECT_EQ(back[1].key_mean_tokens, 4096);
+  const HeadData hd = extract_head(back[1], 1, 0, 2);
+  ASSERT_EQ(hd.key_mean.size(), 64);
+  EXPECT_EQ(hd.key_mean[3], static_cast<double>(ls[1].key_mean[64 + 3]));
+  // Misshapen: [Hkv, d − 1].
+  kvq::io::SafetensorsWriter w = activations_writer({two_layers()[0]});
+  std::vector<float> bad(2 * 63, 0.f);
+  w.add_f32("layers.2.k_mean", {2, 63}, bad);
+  w.set_metadata("key_mean_tokens", "16");
+  EXPECT_THROW(reread_one(w, 2), kvq::Error);
+  // A count that is not a positive integer.
+  kvq::io::SafetensorsWriter w2 = activations_writer({ls[0]});
+  w2.set_metadata("key_mean_tokens", "12x");
+  EXPECT_THROW(reread_one(w2, 2), kvq::Error);
+}
+
 TEST(ActivationFile, MissingOrMisshapenTensorsAreRejected) {
   auto ls = two_layers();
   {

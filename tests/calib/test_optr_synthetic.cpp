@@ -95,6 +95,24 @@ TEST(OptRSynthetic, ZeroStepsGivesBaseRotations) {
     }
 }
 
+// μ_K is the layer's key_mean when the capture has one, else the training tokens' mean.
+TEST(OptRSynthetic, KeyMeanComesFromTheCaptureWhenItHasOne) {
+  OptRConfig cfg = small_config(BaseKind::hadamard);
+  cfg.steps = 0;
+  auto ls = layers();
+  const auto plain = calibrate(ls, kPolicy, cfg);
+  const HeadData train = extract_head(ls[0], 1, 0, ls[0].n_seq() - heldout_count(ls[0].n_seq(), cfg));
+  EXPECT_EQ((plain[0].heads[1].mu_k - column_means(train.K)).cwiseAbs().maxCoeff(), 0.0);
+  for (auto& l : ls) {
+    l.key_mean.assign(static_cast<std::size_t>(l.hkv) * l.head_dim, 0.f);
+    for (std::size_t i = 0; i < l.key_mean.size(); ++i) l.key_mean[i] = static_cast<float>(i) * 0.125f;
+    l.key_mean_tokens = 1024;
+  }
+  const auto given = calibrate(ls, kPolicy, cfg);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(given[0].heads[1].mu_k[i], (64 + i) * 0.125) << i;
+  EXPECT_EQ(given[0].heads[1].nu_v, plain[0].heads[1].nu_v);
+}
+
 TEST(OptRSynthetic, BadInputIsRejected) {
   auto ls = layers();
   OptRConfig cfg = small_config(BaseKind::hadamard);

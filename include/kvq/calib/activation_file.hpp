@@ -6,6 +6,8 @@
 //   layers.<l>.v    [L, Hkv, d]   values
 //   layers.<l>.w_o  [D, Hq·d]     output projection (PyTorch convention)
 //   seq_offsets     [n_seq + 1]   I64 (or I32) CSR sequence boundaries into L
+//   layers.<l>.k_mean [Hkv, d]    optional: key mean over tokens beyond the sequences
+//                                 (capture --mean-seqs); OptR centers keys with it
 // Metadata "layers" lists the captured layer ids. Every shape and offset is checked;
 // missing or misshapen tensors are kvq::Error naming the tensor.
 #pragma once
@@ -65,6 +67,17 @@ inline std::vector<LayerActivations> read_activations(const io::SafetensorsFile&
   if (which.empty()) detail::bad_activations("the file holds no layers");
   // Sequence boundaries are shared by all layers.
   if (!f.contains("seq_offsets")) detail::bad_activations("tensor 'seq_offsets' is missing");
+  std::int64_t key_mean_tokens = 0;  // how many tokens the optional k_mean tensors average
+  if (const auto it = f.metadata().find("key_mean_tokens"); it != f.metadata().end()) {
+    std::size_t pos = 0;
+    try {
+      key_mean_tokens = std::stoll(it->second, &pos);
+    } catch (const std::exception&) {
+      pos = 0;
+    }
+    if (pos == 0 || pos != it->second.size() || key_mean_tokens < 1)
+      detail::bad_activations("metadata 'key_mean_tokens' must be a positive integer");
+  }
   const io::TensorView& so = f.tensor("seq_offsets");
   if (so.shape.size() != 1 || so.shape[0] < 2) detail::bad_activations("'seq_offsets' must be [n_seq + 1], n_seq >= 1");
   std::vector<std::int64_t> offsets(static_cast<std::size_t>(so.shape[0]));
@@ -108,9 +121,15 @@ inline std::vector<LayerActivations> read_activations(const io::SafetensorsFile&
     a.k = f.to_float(p + "k");
     a.v = f.to_float(p + "v");
     a.w_o = f.to_float(p + "w_o");
+    if (f.contains(p + "k_mean")) {
+      if (f.tensor(p + "k_mean").shape != std::vector<std::int64_t>{ks[1], ks[2]})
+        detail::bad_activations("layer " + std::to_string(l) + ": k_mean must be [Hkv, d]");
+      a.key_mean = f.to_float(p + "k_mean");
+      a.key_mean_tokens = key_mean_tokens;
+    }
     a.seq_offsets = offsets;
     a.validate();
-    for (const auto* x : {&a.q, &a.k, &a.v, &a.w_o})
+    for (const auto* x : {&a.q, &a.k, &a.v, &a.w_o, &a.key_mean})
       for (float e : *x)
         if (!std::isfinite(e)) detail::bad_activations("layer " + std::to_string(l) + " has non-finite values");
     out.push_back(std::move(a));
@@ -143,6 +162,7 @@ inline io::SafetensorsWriter activations_writer(const std::vector<LayerActivatio
     w.add_f32(p + "k", {L, a.hkv, d}, a.k, stored);
     w.add_f32(p + "v", {L, a.hkv, d}, a.v, stored);
     w.add_f32(p + "w_o", {a.hidden, a.hq * d}, a.w_o, stored);
+    if (!a.key_mean.empty()) w.add_f32(p + "k_mean", {a.hkv, d}, a.key_mean, io::DType::F32);
     if (!ids.empty()) ids += ',';
     ids += std::to_string(a.layer);
   }
@@ -154,6 +174,7 @@ inline io::SafetensorsWriter activations_writer(const std::vector<LayerActivatio
   w.set_metadata("num_kv_heads", std::to_string(layers[0].hkv));
   w.set_metadata("head_dim", std::to_string(layers[0].head_dim));
   w.set_metadata("hidden", std::to_string(layers[0].hidden));
+  if (!layers[0].key_mean.empty()) w.set_metadata("key_mean_tokens", std::to_string(layers[0].key_mean_tokens));
   return w;
 }
 

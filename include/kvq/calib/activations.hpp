@@ -24,6 +24,10 @@ struct LayerActivations {
   std::vector<float> v;                // [L, Hkv, d]
   std::vector<float> w_o;              // [D, Hq·d]
   std::vector<std::int64_t> seq_offsets;  // [n_seq + 1], 0 = first, L = last
+  // Optional [Hkv, d] key mean over key_mean_tokens tokens outside the sequences (more
+  // than they hold); empty = OptR centers keys with the mean of its training tokens.
+  std::vector<float> key_mean;
+  std::int64_t key_mean_tokens = 0;
 
   int group_size() const { return hkv > 0 ? hq / hkv : 0; }
   int n_seq() const { return static_cast<int>(seq_offsets.size()) - 1; }
@@ -42,6 +46,8 @@ struct LayerActivations {
     if (k.size() != L * hkv * d) fail("K must have shape [L, Hkv, d]");
     if (v.size() != L * hkv * d) fail("V must have shape [L, Hkv, d]");
     if (w_o.size() != static_cast<std::size_t>(hidden) * hq * d) fail("W_O must have shape [D, Hq*d]");
+    if (!key_mean.empty() && (key_mean.size() != static_cast<std::size_t>(hkv) * d || key_mean_tokens < 1))
+      fail("key_mean must have shape [Hkv, d] and a positive token count");
     if (seq_offsets.size() < 2 || seq_offsets.front() != 0 || seq_offsets.back() != n_tokens)
       fail("sequence offsets must start at 0 and end at L");
     for (std::size_t i = 1; i < seq_offsets.size(); ++i)
@@ -56,6 +62,7 @@ struct HeadData {
   std::vector<MatD> Q;               // g × [L, d]: the query heads that read this KV head
   std::vector<MatD> W;               // g × [D, d]: their W_O slices
   std::vector<std::int64_t> seq_offsets;  // [n_seq + 1]
+  VecD key_mean;                     // [d] from LayerActivations::key_mean, or empty
   int head_dim() const { return static_cast<int>(K.cols()); }
 };
 
@@ -85,6 +92,10 @@ inline HeadData extract_head(const LayerActivations& a, int h, int seq_begin = 0
     for (int r = 0; r < a.hidden; ++r)
       for (int i = 0; i < d; ++i) hd.W[j](r, i) = a.w_o[r * ld + static_cast<std::size_t>(h * g + j) * d + i];
   for (int s = seq_begin; s <= seq_end; ++s) hd.seq_offsets.push_back(a.seq_offsets[s] - t0);
+  if (!a.key_mean.empty()) {
+    hd.key_mean.resize(d);
+    for (int i = 0; i < d; ++i) hd.key_mean[i] = a.key_mean[static_cast<std::size_t>(h) * d + i];
+  }
   return hd;
 }
 

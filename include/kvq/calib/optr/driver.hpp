@@ -50,7 +50,10 @@ inline HeadResult calibrate_head(const HeadData& train, const HeadData& held, co
     throw Error(StatusCode::invalid_argument, "calib: activations have head_dim " + std::to_string(d) +
                                                   " but the policy has " + std::to_string(policy.head_dim));
   HeadResult r;
-  r.mu_k = policy.key.centered ? column_means(train.K) : VecD(VecD::Zero(d));
+  // μ_K: the capture's mean over extra tokens when it has one, else the training tokens'.
+  r.mu_k = !policy.key.centered        ? VecD(VecD::Zero(d))
+           : train.key_mean.size() > 0 ? train.key_mean
+                                       : column_means(train.K);
   r.nu_v = policy.value.centered ? column_means(train.V) : VecD(VecD::Zero(d));
   MatD CQ, CV;
   if (cfg.base == BaseKind::covariance) {
