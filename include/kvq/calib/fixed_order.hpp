@@ -19,7 +19,6 @@
 #pragma once
 
 #include <cstddef>
-#include <vector>
 
 #include <Eigen/Core>
 
