@@ -22,6 +22,7 @@
 
 #include <Eigen/Core>
 
+#include "kvq/core/config.hpp"
 #include "kvq/core/status.hpp"
 
 namespace kvq::calib {
@@ -29,18 +30,11 @@ namespace kvq::calib {
 using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using VecD = Eigen::VectorXd;
 
-// a·b rounded to fp64 before anything else may see it: the empty asm makes the compiler
-// materialize the product, so no later add can be fused with it.
+// a·b rounded to fp64 before anything else may see it (the fp64 twin of kvq::mul_rn): no
+// later add can be fused with it.
 inline double dmul(double a, double b) {
   double p = a * b;
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-  __asm__("" : "+x"(p));
-#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
-  __asm__("" : "+w"(p));
-#else
-  volatile double vp = p;
-  p = vp;
-#endif
+  detail::materialize(p);
   return p;
 }
 

@@ -49,19 +49,30 @@ namespace kvq {
 // setting. The quantizer's codes must be bit-identical on host and device, and an
 // engine may compile kvq with -ffp-contract=fast (GCC's default) or nvcc --fmad=true,
 // which would silently fuse a*b+c. Each product here is rounded to fp32 on its own.
+#if !KVQ_DEVICE_CODE
+namespace detail {
+// Host: makes the compiler materialize v as computed (a rounded float or double), so no
+// later add can be fused with the operation that produced it.
+template <class T>
+inline void materialize(T& v) {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(v));
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+  __asm__("" : "+w"(v));
+#else
+  volatile T vv = v;
+  v = vv;
+#endif
+}
+}  // namespace detail
+#endif
+
 KVQ_HOST_DEVICE float mul_rn(float a, float b) {
 #if KVQ_DEVICE_CODE
   return __fmul_rn(a, b);
 #else
   float p = a * b;
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-  __asm__("" : "+x"(p));  // materialize the rounded product: no fusion past here
-#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
-  __asm__("" : "+w"(p));
-#else
-  volatile float vp = p;
-  p = vp;
-#endif
+  detail::materialize(p);  // the rounded product: no fusion past here
   return p;
 #endif
 }
