@@ -34,7 +34,7 @@ using VecD = Eigen::VectorXd;
 // later add can be fused with it.
 inline double dmul(double a, double b) {
   double p = a * b;
-  detail::materialize(p);
+  ::kvq::detail::materialize(p);
   return p;
 }
 
