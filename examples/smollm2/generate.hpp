@@ -35,10 +35,13 @@ inline std::vector<int> greedy_generate(const Model& m, const std::vector<int>& 
   if (block < 1 || max_new < 0) throw kvq::Error(kvq::StatusCode::invalid_argument, "generate: block >= 1, max_new >= 0");
   for (auto& c : caches) c->clear();
   RowMat logits;
+  const int n_prompt = static_cast<int>(prompt.size());
   int pos = 0;
-  for (int p = 0; p < static_cast<int>(prompt.size()); p += block) {
-    const int nb = std::min<int>(block, static_cast<int>(prompt.size()) - p);
-    m.forward(prompt.data() + p, nb, p, caches, &logits);
+  for (int p = 0; p < n_prompt; p += block) {
+    const int nb = std::min<int>(block, n_prompt - p);
+    // Only the last block's logits pick the first token: the [nb, vocab] output product
+    // is a quarter of an 8K-token prefill's time.
+    m.forward(prompt.data() + p, nb, p, caches, p + nb == n_prompt ? &logits : nullptr);
     pos += nb;
   }
   std::vector<int> out;

@@ -19,13 +19,17 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "cache_config.hpp"
 #include "common.hpp"
@@ -267,6 +271,7 @@ struct PasskeyArgs {
   std::string policies = "fp32,K4V2_HC,K2V2_HC", lengths = "2048,4096,8192", csv;
   std::vector<std::string> layer_policies;
   int trials = 20, answer_tokens = 8;
+  int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   unsigned seed = 1;
 };
 
@@ -316,28 +321,64 @@ int cmd_passkey(const std::string& model_path, const PasskeyArgs& a, const Param
   const auto haystack = make_passkey_prompt(L->tok, 2048, haystack_rng).ids;
   sources.resolve(*L, runs, haystack, "a 2048-token passkey prompt", ca);
 
-  std::vector<std::vector<int>> hits(runs.size(), std::vector<int>(lengths.size(), 0));
-  const auto t_start = std::chrono::steady_clock::now();
+  // Every (length, trial, policy) is an independent job: its own caches, the shared
+  // read-only model. Prompts are drawn in order first, so --threads changes only which
+  // job finishes first, never a prompt or an answer.
+  struct Job {
+    std::size_t length, run;
+    int trial;
+  };
+  std::vector<std::vector<PasskeyPrompt>> prompts(lengths.size());
+  std::vector<Job> jobs;
   for (std::size_t li = 0; li < lengths.size(); ++li) {
     std::mt19937 rng(a.seed * 1000003u + static_cast<unsigned>(lengths[li]));
     for (int trial = 0; trial < a.trials; ++trial) {
-      const PasskeyPrompt p = make_passkey_prompt(L->tok, lengths[li], rng);
-      for (std::size_t r = 0; r < runs.size(); ++r) {
-        auto caches = m.make_caches(runs[r].policy, ca.options(), &runs[r].params);
-        const auto out = greedy_generate(m, p.ids, caches, a.answer_tokens, ca.block, stop_ids(L->tok));
-        const std::string answer = L->tok.decode(out);
+      prompts[li].push_back(make_passkey_prompt(L->tok, lengths[li], rng));
+      for (std::size_t r = 0; r < runs.size(); ++r) jobs.push_back({li, r, trial});
+    }
+  }
+  std::vector<std::vector<int>> hits(runs.size(), std::vector<int>(lengths.size(), 0));
+  std::atomic<std::size_t> next{0};
+  std::mutex mu;  // guards hits, failure and stderr
+  std::exception_ptr failure;
+  const auto stop = stop_ids(L->tok);
+  const auto t_start = std::chrono::steady_clock::now();
+  auto worker = [&] {
+    for (std::size_t j; (j = next.fetch_add(1)) < jobs.size();) {
+      {
+        std::lock_guard lock(mu);
+        if (failure) return;
+      }
+      const Job& job = jobs[j];
+      const PasskeyPrompt& p = prompts[job.length][job.trial];
+      const Run& run = runs[job.run];
+      try {
+        auto caches = m.make_caches(run.policy, ca.options(), &run.params);
+        const std::string answer = L->tok.decode(greedy_generate(m, p.ids, caches, a.answer_tokens, ca.block, stop));
         std::string digits;  // the first run of digits in the answer
         for (char c : answer) {
           if (std::isdigit(static_cast<unsigned char>(c))) digits += c;
           else if (!digits.empty()) break;
         }
         const bool ok = digits == p.key;
-        hits[r][li] += ok;
-        fmt::print(stderr, "[{} tokens, trial {}/{}, depth {:.2f}] {:<10} key {} answer {:?} {} ({:.0f}s)\n", p.ids.size(),
-                   trial + 1, a.trials, p.depth, runs[r].label, p.key, answer, ok ? "ok" : "MISS", seconds_since(t_start));
+        std::lock_guard lock(mu);
+        hits[job.run][job.length] += ok;
+        fmt::print(stderr, "[{} tokens, trial {}/{}, depth {:.2f}] {:<10} key {} answer {:?} {} ({:.0f}s)\n",
+                   p.ids.size(), job.trial + 1, a.trials, p.depth, run.label, p.key, answer, ok ? "ok" : "MISS",
+                   seconds_since(t_start));
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!failure) failure = std::current_exception();
+        return;
       }
     }
-  }
+  };
+  const int n_threads = std::max(1, std::min<int>(a.threads, static_cast<int>(jobs.size())));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n_threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
   std::FILE* csv = a.csv.empty() ? nullptr : std::fopen(a.csv.c_str(), "w");
   if (!a.csv.empty() && !csv) throw kvq::Error(kvq::StatusCode::io_error, "cannot write '" + a.csv + "'");
   if (csv) fmt::print(csv, "policy,bits_per_element,length,trials,correct,accuracy\n");
@@ -567,6 +608,8 @@ int main(int argc, char** argv) {
   pk->add_option("--lengths", pa.lengths, "comma-separated prompt lengths in tokens (the model's context is 8192)");
   pk->add_option("--trials", pa.trials, "prompts per length (random key and depth)")->check(CLI::PositiveNumber);
   pk->add_option("--seed", pa.seed, "seed of keys and depths");
+  pk->add_option("--threads", pa.threads, "trials run in parallel, one (prompt, policy) per thread (default: all cores)")
+      ->check(CLI::PositiveNumber);
   pk->add_option("--csv", pa.csv, "also write the table as CSV");
   pk_sources.add_options(pk);
 
