@@ -91,6 +91,44 @@ TEST(CpuQuantize, FwhtIsBitIdenticalToTheScalarButterflies) {
   }
 }
 
+// Rows on the rounding boundary of the code formula ⌊(x − lo)·inv + 0.5⌋: every group
+// holds 0 (its min, so lo = 0), a random max, and values x just below s/2 for which the
+// separately rounded product x·inv, plus 0.5, gives code 1 while a fused multiply-add
+// gives 0 (x·inv rounds up to 0.5 − 2⁻²⁵, whose sum with 0.5 ties to even at 1). A SIMD
+// path that let the compiler fuse its multiply and add (GCC contracts intrinsics too)
+// writes other codes than the scalar reference here. `found` counts such values.
+template <kvq::QuantSpec S, int D>
+std::vector<std::vector<float>> rounding_boundary_rows(std::uint32_t seed, int& found) {
+  using Meta = kvq::MetaTraits<S.meta>;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mantissa(1.f, 2.f);
+  found = 0;
+  std::vector<std::vector<float>> rows(4, std::vector<float>(D));
+  for (auto& row : rows)
+    for (int g = 0; g < D / S.group; ++g) {
+      float* x = row.data() + g * S.group;
+      const float hi = std::ldexp(mantissa(rng), int(rng() % 16) - 8);
+      const float s = Meta::decode(Meta::encode(kvq::div_rn(hi, float(S.levels()))));
+      const float inv = kvq::div_rn(1.f, s);
+      x[0] = 0.f;
+      x[1] = hi;
+      for (int i = 2; i < S.group; ++i) {
+        float v = kvq::mul_rn(0.5f, s);
+        for (int step = 0; step < 16; ++step) v = std::nextafter(v, 0.f);
+        x[i] = kvq::mul_rn(0.5f, s);
+        for (int step = 0; step < 32; ++step, v = std::nextafter(v, hi)) {
+          const bool split = std::floor(kvq::add_rn(kvq::mul_rn(v, inv), 0.5f)) == 1.f;
+          if (split && std::floor(std::fma(v, inv, 0.5f)) == 0.f) {
+            x[i] = v;
+            ++found;
+            break;
+          }
+        }
+      }
+    }
+  return rows;
+}
+
 // All test rows quantized in one quantize_rows_fast call (its phases run across rows),
 // each row against the scalar quantize_row.
 template <kvq::QuantSpec S, int D>
@@ -98,7 +136,10 @@ void check_quantize_row() {
   using Meta = kvq::MetaTraits<S.meta>;
   using MetaStorage = typename Meta::storage;
   constexpr int kBytes = D * S.bits / 8, kMeta = 2 * (D / S.group), kMaxRows = 64;
-  const auto rows = test_rows<D>(S.bits * 1000 + S.group);
+  auto rows = test_rows<D>(S.bits * 1000 + S.group);
+  int boundary_values = 0;
+  for (auto& row : rounding_boundary_rows<S, D>(S.bits * 7 + S.group, boundary_values)) rows.push_back(row);
+  ASSERT_GT(boundary_values, D / 4) << kvq::to_string(S) << ": too few values on the rounding boundary";
   const int n = int(rows.size());
   ASSERT_LE(n, kMaxRows);
   std::vector<std::vector<std::uint8_t>> fast(n, std::vector<std::uint8_t>(kBytes, 0xAB));

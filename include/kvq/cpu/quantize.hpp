@@ -51,6 +51,9 @@ namespace detail {
 
 // The append path's vector operations, one struct per ISA, so that the FWHT and the
 // quantizer below are written once. F: kLanes fp32 lanes; I: as many int32 lanes.
+//   mul              the rounded product, as kvq::mul_rn: GCC contracts intrinsics too
+//                    (_mm512_add_ps(_mm512_mul_ps(a, b), c) becomes one FMA under its
+//                    default -ffp-contract=fast), which would move codes at x·inv ≈ k − ½
 //   min / max        a < b ? a : b and a > b ? a : b, the scalar fmin_f / fmax_f
 //   butterfly<H>     one FWHT stage of stride H < kLanes inside a vector: lanes with bit
 //                    H clear get x[i] + x[i+H], the others x[i−H] − x[i], as
@@ -82,7 +85,11 @@ struct AppendSimd512 {
   static KVQ_FORCE_INLINE F set1(float x) { return _mm512_set1_ps(x); }
   static KVQ_FORCE_INLINE F add(F a, F b) { return _mm512_add_ps(a, b); }
   static KVQ_FORCE_INLINE F sub(F a, F b) { return _mm512_sub_ps(a, b); }
-  static KVQ_FORCE_INLINE F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static KVQ_FORCE_INLINE F mul(F a, F b) {
+    F p = _mm512_mul_ps(a, b);
+    kvq::detail::materialize(p);
+    return p;
+  }
   static KVQ_FORCE_INLINE F min(F a, F b) { return _mm512_maskz_min_ps(kAll, a, b); }
   static KVQ_FORCE_INLINE F max(F a, F b) { return _mm512_maskz_max_ps(kAll, a, b); }
 
@@ -188,7 +195,11 @@ struct AppendSimd256 {
   static KVQ_FORCE_INLINE F set1(float x) { return _mm256_set1_ps(x); }
   static KVQ_FORCE_INLINE F add(F a, F b) { return _mm256_add_ps(a, b); }
   static KVQ_FORCE_INLINE F sub(F a, F b) { return _mm256_sub_ps(a, b); }
-  static KVQ_FORCE_INLINE F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static KVQ_FORCE_INLINE F mul(F a, F b) {
+    F p = _mm256_mul_ps(a, b);
+    kvq::detail::materialize(p);
+    return p;
+  }
   static KVQ_FORCE_INLINE F min(F a, F b) { return _mm256_min_ps(a, b); }
   static KVQ_FORCE_INLINE F max(F a, F b) { return _mm256_max_ps(a, b); }
 
