@@ -207,6 +207,8 @@ TEST(CpuQuantize, AppendWritesTheScalarReferenceBytes) {
   check_append<K4V4_H.with_head_dim(256)>(3);
   check_append<K8V8_HC.with_head_dim(64)>(4);
   check_append<K2V2_R>(5);
+  check_append<K4V2_R.with_head_dim(64)>(6);
+  check_append<K2V2_R.with_head_dim(256)>(7);
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // kvq/cpu/quantize.hpp — the append path's row transforms on CPU SIMD: the FWHT of
-// Hadamard presets and the group quantizer, bit-identical to the scalar reference
-// (kvq/rotation/hadamard.hpp, kvq/core/quantizer.hpp) that CUDA runs too.
+// Hadamard presets, the dense rotation of learned (_R) presets and the group quantizer,
+// bit-identical to the scalar reference (kvq/rotation/hadamard.hpp, dense.hpp,
+// kvq/core/quantizer.hpp) that CUDA runs too.
 //
 // Why the results are the same bits: every output element goes through the same
 // IEEE operations on the same operands in the same order as in the scalar code, only
 // a vector at a time (no reassociation):
+//   x·R       one output column per lane, the scalar's ascending sum of rounded products
 //   FWHT      stage by stage; each in-lane butterfly is FMA(x, ±1, partner), whose
 //             product is exact, so its one rounding is the scalar add's or subtract's;
 //             the ±1 signs and 1/√d are the same single multiplies.
@@ -31,6 +33,7 @@
 #include "kvq/core/quantizer.hpp"
 #include "kvq/cpu/isa.hpp"
 #include "kvq/layout/paged.hpp"
+#include "kvq/rotation/dense.hpp"
 #include "kvq/rotation/hadamard.hpp"
 #include "kvq/rotation/params.hpp"
 #include "kvq/rotation/transform.hpp"
@@ -336,6 +339,35 @@ KVQ_FORCE_INLINE void hadamard_forward_fast(float* x, std::uint32_t sign_seed) {
   hadamard_forward_generic<D>(x, sign_seed);
 }
 
+// x ← x·R in place (kvq::rotate_dense's bits): lane j sums the separately rounded
+// products x_i·R[i][j] over i ascending from +0, as the scalar loop does, for a block
+// of up to 8 vectors of outputs per pass over R.  R: [D, D] row-major; scratch: [D].
+template <int D>
+KVQ_FORCE_INLINE void rotate_dense_fast(float* x, const float* r, float* scratch) {
+#if KVQ_CPU_APPEND_SIMD
+  using V = detail::AppendSimd;
+  constexpr int L = V::kLanes;
+  if constexpr (D % L == 0) {
+    constexpr int NV = D / L;
+    constexpr int kBlock = NV % 8 == 0 ? 8 : (NV % 4 == 0 ? 4 : (NV % 2 == 0 ? 2 : 1));
+    for (int j0 = 0; j0 < D; j0 += kBlock * L) {
+      typename V::F acc[kBlock];
+      KVQ_UNROLL for (int b = 0; b < kBlock; ++b) acc[b] = V::set1(0.f);
+      for (int i = 0; i < D; ++i) {
+        const typename V::F xi = V::set1(x[i]);
+        const float* row = r + i * D + j0;
+        KVQ_UNROLL for (int b = 0; b < kBlock; ++b) acc[b] = V::add(acc[b], V::mul(xi, V::load(row + b * L)));
+      }
+      KVQ_UNROLL for (int b = 0; b < kBlock; ++b) V::store(scratch + j0 + b * L, acc[b]);
+    }
+    for (int i = 0; i < D; ++i) x[i] = scratch[i];
+    return;
+  }
+#endif
+  rotate_dense<D>(x, r, scratch);
+  for (int i = 0; i < D; ++i) x[i] = scratch[i];
+}
+
 // n rows of D elements → packed codes and {scale, lo} per group (kvq::quantize_row's
 // bits for each row). The rows go phase by phase, each over all n·D/G groups of the
 // batch: lane-wise ranges, then kLanes groups' horizontal min/max by one transpose, the
@@ -458,11 +490,9 @@ KVQ_FORCE_INLINE void quantize_token_heads_fast(int n, float* const* k, float* c
       for (int i = 0; i < D; ++i) x[i] = sub_rn(x[i], mean[h * D + i]);
 #endif
     }
-    if constexpr (S.rotation == Rotation::hadamard) {
-      hadamard_forward_fast<D>(x, S.sign_seed);
-    } else {
-      kvq::detail::rotate_forward<S, D>(x, kvq::detail::head_rotation<S, D>(rotation, h), scratch);
-    }
+    if constexpr (S.rotation == Rotation::hadamard) hadamard_forward_fast<D>(x, S.sign_seed);
+    else if constexpr (S.rotation == Rotation::dense)
+      rotate_dense_fast<D>(x, kvq::detail::head_rotation<S, D>(rotation, h), scratch);
   };
   std::uint8_t* k_codes[kMaxRows];
   std::uint8_t* v_codes[kMaxRows];
