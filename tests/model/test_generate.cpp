@@ -15,7 +15,10 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "cache_config.hpp"
 #include "generate.hpp"
@@ -214,6 +217,34 @@ TEST_F(GenerateCli, PerLayerPolicyTable) {
   const Result r = generate("--layer-policies '" + table.string() + "'");
   EXPECT_NE(r.err.find("policies: per layer from " + table.string()), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("key means (centered-key layers): the prompt itself"), std::string::npos) << r.err;
+}
+
+// passkey runs its (prompt, policy) jobs on --threads workers; the prompts are drawn
+// before any job starts, so the table, the CSV and every answer are the same at any
+// thread count (only the order of the stderr lines may change).
+TEST_F(GenerateCli, PasskeyDoesNotDependOnTheThreadCount) {
+  auto run = [&](int threads) {
+    const fs::path csv = dir_ / ("passkey_" + std::to_string(threads) + ".csv");
+    Result r = run_cli("--sink 4 --recent 16 --flush-block 4 --block 16 passkey --lengths 192 --trials 2 --policies K4V2 "
+                       "--threads " + std::to_string(threads) + " --csv '" + csv.string() + "'",
+                       dir_);
+    EXPECT_EQ(r.status, 0) << r.err;
+    std::ifstream in(csv);
+    std::string table((std::istreambuf_iterator<char>(in)), {});
+    std::vector<std::string> answers;  // "[192 tokens, trial …] K4V2 key … answer … ok", without the clock
+    std::istringstream lines(r.err);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind("[", 0) == 0) answers.push_back(line.substr(0, line.rfind(" (")));
+    std::sort(answers.begin(), answers.end());
+    return std::tuple{r.out, table, answers};
+  };
+  const auto [out1, csv1, answers1] = run(1);
+  const auto [out4, csv4, answers4] = run(4);
+  ASSERT_EQ(answers1.size(), 4u) << "2 trials × (fp32, K4V2)";
+  EXPECT_EQ(answers1, answers4);
+  EXPECT_EQ(out1, out4);
+  EXPECT_EQ(csv1, csv4);
+  EXPECT_NE(csv1.find("K4V2,3.7500,192,2,"), std::string::npos) << csv1;
 }
 
 #else
