@@ -322,8 +322,9 @@ int cmd_passkey(const std::string& model_path, const PasskeyArgs& a, const Param
   sources.resolve(*L, runs, haystack, "a 2048-token passkey prompt", ca);
 
   // Every (length, trial, policy) is an independent job: its own caches, the shared
-  // read-only model. Prompts are drawn in order first, so --threads changes only which
-  // job finishes first, never a prompt or an answer.
+  // read-only model. Prompts are drawn (and encoded: the tokenizer's encode is not
+  // thread-safe, decode is) in order first, so --threads changes only which job
+  // finishes first, never a prompt or an answer.
   struct Job {
     std::size_t length, run;
     int trial;
