@@ -7,6 +7,7 @@
 // (token·KV-head pairs per second), and for the roofline benchmark the read bandwidth.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -218,6 +219,26 @@ void BM_Fwht(benchmark::State& state) {
   state.counters["rows/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// x ↦ x·R of the learned-rotation presets' append: the scalar reference (range 0) and
+// the vector path (range 1), the same bits.
+template <int D>
+void BM_RotateDense(benchmark::State& state) {
+  const bool vector_path = state.range(0) != 0;
+  const auto r = normal(std::size_t(D) * D, 6);
+  auto x = normal(D, 7);
+  std::vector<float> scratch(D);
+  for (auto _ : state) {
+    if (vector_path) {
+      kvq::cpu::rotate_dense_fast<D>(x.data(), r.data(), scratch.data());
+    } else {
+      kvq::rotate_dense<D>(x.data(), r.data(), scratch.data());
+      std::copy(scratch.begin(), scratch.end(), x.begin());
+    }
+    benchmark::DoNotOptimize(x.data());
+  }
+  state.counters["rows/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 #define KVQ_CONTEXTS ->Arg(1024)->Arg(4096)->Arg(16384)->Arg(32768)->Unit(benchmark::kMicrosecond)
 BENCHMARK(BM_DecodeFp16) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K8V8>) KVQ_CONTEXTS;
@@ -252,6 +273,9 @@ BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_R.with_clip(1000, 1000)>)->Args(
 BENCHMARK(BM_Fwht<64>);
 BENCHMARK(BM_Fwht<128>);
 BENCHMARK(BM_Fwht<256>);
+BENCHMARK(BM_RotateDense<64>)->Arg(0)->Arg(1);
+BENCHMARK(BM_RotateDense<128>)->Arg(0)->Arg(1);
+BENCHMARK(BM_RotateDense<256>)->Arg(0)->Arg(1);
 
 }  // namespace
 
