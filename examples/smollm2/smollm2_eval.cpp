@@ -29,6 +29,7 @@
 #include <mutex>
 #include <random>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "cache_config.hpp"
@@ -376,7 +377,13 @@ int cmd_passkey(const std::string& model_path, const PasskeyArgs& a, const Param
   };
   const int n_threads = std::max(1, std::min<int>(a.threads, static_cast<int>(jobs.size())));
   std::vector<std::thread> pool;
-  for (int t = 1; t < n_threads; ++t) pool.emplace_back(worker);
+  for (int t = 1; t < n_threads; ++t) {
+    try {
+      pool.emplace_back(worker);
+    } catch (const std::system_error&) {
+      break;  // no more threads: the started workers (and this one) take every job
+    }
+  }
   worker();
   for (auto& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
