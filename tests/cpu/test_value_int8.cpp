@@ -110,6 +110,44 @@ TEST(Int8Values, IntegerSumsMatchTheGenericPathAndTheBound) {
     }
 }
 
+// The block's metadata decode (16 tokens per step with AVX-512 for one group) gives the
+// scalar decoder's floats for every bit pattern class: normals, subnormals, ±0, ±Inf, NaN.
+template <kvq::MetaType M, int Groups>
+void check_meta_decode(std::uint32_t seed) {
+  using Storage = kvq::meta_storage_t<M>;
+  std::mt19937 rng(seed);
+  alignas(64) Storage raw[kTokensPerBlock][2 * Groups];
+  for (auto& row : raw)
+    for (auto& x : row) {
+      std::uint32_t bits = rng();
+      if constexpr (sizeof(Storage) == 2) {
+        const std::uint16_t specials[] = {0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E01, 0x0001, 0x7F80, 0xFF81};
+        bits = rng() % 4 == 0 ? specials[rng() % 8] : bits & 0xFFFFu;
+        x = Storage(bits);
+      } else {
+        x = rng() % 4 == 0 ? (rng() % 2 ? INFINITY : NAN) : std::ldexp(float(int(bits % 2001) - 1000), int(rng() % 40) - 20);
+      }
+    }
+  alignas(64) float scale[Groups][kTokensPerBlock], lo[Groups][kTokensPerBlock];
+  std::memset(scale, 0x7f, sizeof scale);  // poison: every entry must be written
+  std::memset(lo, 0x7f, sizeof lo);
+  kvq::detail::decode_meta_block<M, Groups>(raw, scale, lo);
+  for (int g = 0; g < Groups; ++g)
+    for (int j = 0; j < kTokensPerBlock; ++j) {
+      const float s = kvq::MetaTraits<M>::decode(raw[j][2 * g]), l = kvq::MetaTraits<M>::decode(raw[j][2 * g + 1]);
+      EXPECT_EQ(std::memcmp(&scale[g][j], &s, 4), 0) << "group " << g << " token " << j << ": " << scale[g][j] << " vs " << s;
+      EXPECT_EQ(std::memcmp(&lo[g][j], &l, 4), 0) << "group " << g << " token " << j << ": " << lo[g][j] << " vs " << l;
+    }
+}
+
+TEST(Int8Values, BlockMetadataDecodeMatchesTheScalarDecoder) {
+  check_meta_decode<kvq::MetaType::fp16, 1>(1);
+  check_meta_decode<kvq::MetaType::bf16, 1>(2);
+  check_meta_decode<kvq::MetaType::fp32, 1>(3);
+  check_meta_decode<kvq::MetaType::fp16, 2>(4);
+  check_meta_decode<kvq::MetaType::bf16, 4>(5);
+}
+
 TEST(Int8Values, NegativeOrNonFiniteWeightsAreRefused) {
   alignas(64) float p[kMaxRowsPerPass][kTokensPerBlock] = {};
   float scale[1][kTokensPerBlock] = {}, lo[1][kTokensPerBlock] = {};

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -183,19 +184,14 @@ struct QuantizedTileSource {
       if (!v8) return false;
       constexpr int kGroups = D / P.value.group;
       const std::uint8_t* codes[kTokensPerBlock];
-      alignas(32) float scale[kGroups][kTokensPerBlock], lo[kGroups][kTokensPerBlock];
+      alignas(64) meta_storage_t<P.value.meta> raw[kTokensPerBlock][2 * kGroups] = {};
       table.for_each_slot(batch, t0, n, [&](int j, int page, int slot) {
         const std::byte* base = cache.page(page);
         codes[j] = reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(base, head, slot));
-        const auto* meta =
-            reinterpret_cast<const meta_storage_t<P.value.meta>*>(cache.layout.value_meta_bytes(base, head, slot));
-        for (int g = 0; g < kGroups; ++g) {
-          scale[g][j] = MetaTraits<P.value.meta>::decode(meta[2 * g]);
-          lo[g][j] = MetaTraits<P.value.meta>::decode(meta[2 * g + 1]);
-        }
+        std::memcpy(raw[j], cache.layout.value_meta_bytes(base, head, slot), sizeof raw[j]);
       });
-      for (int g = 0; g < kGroups; ++g)
-        for (int j = n; j < kTokensPerBlock; ++j) scale[g][j] = lo[g][j] = 0.f;
+      alignas(64) float scale[kGroups][kTokensPerBlock], lo[kGroups][kTokensPerBlock];
+      decode_meta_block<P.value.meta, kGroups>(raw, scale, lo);
       if (!v8->set_weights(p, rows_padded, scale, lo)) return false;
       v8->accumulate(codes, n, rows_padded);
       v8->add_to(acc, rows_padded);

@@ -32,6 +32,7 @@
 #include <cstring>
 
 #include "kvq/core/config.hpp"
+#include "kvq/core/quantizer.hpp"
 #include "kvq/cpu/isa.hpp"
 #include "kvq/cpu/tile.hpp"
 
@@ -40,6 +41,38 @@ namespace kvq::detail {
 template <int Bits, int G, int D>
 constexpr bool int8_values_supported() {
   return D % G == 0 && (G * Bits / 8) % 16 == 0;
+}
+
+// scale[g][j], lo[g][j] for j < kTokensPerBlock from a block's stored value metadata
+// raw [kTokensPerBlock][2·kGroups] ({scale, lo} per group, zero past the block's n).
+// One group per row (every preset with value groups of head_dim) decodes 16 tokens per
+// step with AVX-512; the conversions are exact, so every path gives the same floats.
+template <MetaType M, int kGroups>
+KVQ_FORCE_INLINE void decode_meta_block(const meta_storage_t<M> (*raw)[2 * kGroups], float (*scale)[kTokensPerBlock],
+                                        float (*lo)[kTokensPerBlock]) {
+#if KVQ_CPU_AVX512 && KVQ_CPU_F16C
+  if constexpr (kGroups == 1 && M != MetaType::fp32) {
+    for (int j = 0; j < kTokensPerBlock; j += 16) {
+      const __m512i pairs = _mm512_loadu_si512(&raw[j][0]);  // 16 × (scale, lo) 16-bit pairs
+      if constexpr (M == MetaType::fp16) {
+        // Masked forms with an explicit source (GCC 12 warns on the _undefined_ ones).
+        const __m256i s16 = _mm512_maskz_cvtepi32_epi16(0xFFFF, pairs);
+        const __m256i lo16 = _mm512_maskz_cvtepi32_epi16(0xFFFF, _mm512_maskz_srli_epi32(0xFFFF, pairs, 16));
+        _mm512_storeu_ps(&scale[0][j], _mm512_maskz_cvtph_ps(0xFFFF, s16));
+        _mm512_storeu_ps(&lo[0][j], _mm512_maskz_cvtph_ps(0xFFFF, lo16));
+      } else {  // bf16: the high half of an fp32
+        _mm512_storeu_ps(&scale[0][j], _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, pairs, 16)));
+        _mm512_storeu_ps(&lo[0][j], _mm512_castsi512_ps(_mm512_maskz_and_epi32(0xFFFF, pairs, _mm512_set1_epi32(int(0xFFFF0000u)))));
+      }
+    }
+    return;
+  }
+#endif
+  for (int g = 0; g < kGroups; ++g)
+    for (int j = 0; j < kTokensPerBlock; ++j) {
+      scale[g][j] = MetaTraits<M>::decode(raw[j][2 * g]);
+      lo[g][j] = MetaTraits<M>::decode(raw[j][2 * g + 1]);
+    }
 }
 
 // One block's 8-bit weights and integer sums for up to kMaxRowsPerPass query rows.
@@ -61,42 +94,14 @@ struct Int8ValueBlock {
   // metadata, all zero past the block's n tokens (and p in rows past the pass). False
   // when a weight is negative or a weight or bias is not finite: the caller then takes
   // the fp32 path, which defines what such values do.
-  // The loops run over 8 fixed lanes, so the summation order does not depend on the
-  // vector width.
+  // Sixteen fixed lanes (lane k holds tokens k and k + 16), whatever the target's vector
+  // width, so every build sums in the same order.
   bool set_weights(const float (*p)[kTokensPerBlock], int rows_padded, const float (*scale)[kTokensPerBlock],
                    const float (*lo)[kTokensPerBlock]) {
-    constexpr int L = 8;
+    static_assert(kTokensPerBlock == 32);
     bool usable = true;
     for (int r = 0; r < rows_padded; ++r)
-      for (int g = 0; g < kGroups; ++g) {
-        alignas(32) float w[kTokensPerBlock];
-        float largest[L] = {}, smallest[L] = {}, w_sum[L] = {}, lo_sum[L] = {};
-        for (int j0 = 0; j0 < kTokensPerBlock; j0 += L)
-          for (int k = 0; k < L; ++k) {
-            const float x = p[r][j0 + k] * scale[g][j0 + k];
-            w[j0 + k] = x;
-            largest[k] = x > largest[k] ? x : largest[k];
-            smallest[k] = x < smallest[k] ? x : smallest[k];
-            w_sum[k] += x;  // NaN and ±Inf weights make it non-finite
-            lo_sum[k] += p[r][j0 + k] * lo[g][j0 + k];
-          }
-        for (int k = 1; k < L; ++k) {
-          largest[0] = largest[k] > largest[0] ? largest[k] : largest[0];
-          smallest[0] = smallest[k] < smallest[0] ? smallest[k] : smallest[0];
-        }
-        const float b = sum_lanes8(lo_sum) + float(kMid) * sum_lanes8(w_sum);
-        usable = usable && smallest[0] >= 0.f && b - b == 0.f;
-        const float inv = largest[0] > 0.f ? 255.f / largest[0] : 0.f;
-        sigma[r][g] = largest[0] / 255.f;
-        bias[r][g] = b;
-        std::int32_t total = 0;
-        for (int j = 0; j < kTokensPerBlock; ++j) {
-          const float x = std::min(255.f, std::max(0.f, w[j] * inv));
-          w8[r][g][j] = static_cast<std::uint8_t>(static_cast<std::int32_t>(x + 0.5f));
-          total += w8[r][g][j];
-        }
-        w8_sum[r][g] = total;
-      }
+      for (int g = 0; g < kGroups; ++g) usable = set_group_weights(p[r], scale[g], lo[g], r, g) && usable;
     return usable;
   }
 
@@ -131,23 +136,106 @@ struct Int8ValueBlock {
 #endif
   }
 
-  // (a0 + a4) + (a1 + a5) + … in a fixed order.
-  static float sum_lanes8(const float* a) {
-    return (((a[0] + a[4]) + (a[1] + a[5])) + (a[2] + a[6])) + (a[3] + a[7]);
-  }
-
-  // acc [rows_padded][D] (slab order) += σ_rg·isum_r + bias_rg.
+  // acc [rows_padded][D] (slab order) += σ_rg·isum_r + bias_rg, a vector at a time (a
+  // group's run of bytes is a multiple of 16; each element is computed on its own).
   void add_to(float* acc, int rows_padded) const {
     for (int r = 0; r < rows_padded; ++r)
       for (int k = 0; k < kSlabs; ++k)
         for (int g = 0; g < kGroups; ++g) {
           const float sg = sigma[r][g], b = bias[r][g];
           const int i0 = k * kRowBytes + g * kGroupBytes;
+#if KVQ_GNU_HOST
+          constexpr int W = kNativeFloatLanes;
+          using Ints = typename GnuVec<std::int32_t, W>::type;
+          for (int i = i0; i < i0 + kGroupBytes; i += W) {
+            Ints x;
+            std::memcpy(&x, &isum[r][i], sizeof x);
+            store_vec<W>(acc + r * D + i, load_vec<W>(acc + r * D + i) + (sg * __builtin_convertvector(x, FloatVec<W>) + b));
+          }
+#else
           for (int i = i0; i < i0 + kGroupBytes; ++i) acc[r * D + i] += sg * float(isum[r][i]) + b;
+#endif
         }
   }
 
  private:
+  // Lane folds of set_weights by halving (lane k with lane k + w), the order of sum_lanes.
+  template <bool kMax>
+  static float fold_lanes16(const float* a) {
+    float m[16];
+    for (int k = 0; k < 16; ++k) m[k] = a[k];
+    for (int w = 8; w >= 1; w /= 2)
+      for (int k = 0; k < w; ++k) m[k] = kMax ? (m[k + w] > m[k] ? m[k + w] : m[k]) : m[k] + m[k + w];
+    return m[0];
+  }
+
+  // Row r, group g of set_weights; false when the group's weights are unusable.
+  bool set_group_weights(const float* p, const float* scale, const float* lo, int r, int g) {
+#if KVQ_GNU_HOST && KVQ_CPU_AVX512  // 64-byte vectors are native: no ABI notes, no splitting
+    using V = FloatVec<16>;
+    using Ints = typename GnuVec<std::int32_t, 16>::type;
+    using Bytes = typename GnuVec<std::uint8_t, 16>::type;
+    const V p0 = load_vec<16>(p), p1 = load_vec<16>(p + 16);
+    const V w0 = p0 * load_vec<16>(scale), w1 = p1 * load_vec<16>(scale + 16);
+    const V zero = zero_vec<16>();
+    // Selects keep a NaN weight out of the extrema; the sum catches it.
+    V largest = w0 > zero ? w0 : zero, smallest = w0 < zero ? w0 : zero;
+    largest = w1 > largest ? w1 : largest;
+    smallest = w1 < smallest ? w1 : smallest;
+    const V w_sum = w0 + w1;
+    const V lo_sum = p0 * load_vec<16>(lo) + p1 * load_vec<16>(lo + 16);
+    alignas(64) float big[16], small[16];
+    store_vec<16>(big, largest);
+    store_vec<16>(small, -smallest);
+    const float top = fold_lanes16<true>(big), bottom = -fold_lanes16<true>(small);
+    const float b = sum_lanes<16>(lo_sum) + float(kMid) * sum_lanes<16>(w_sum);
+    const float inv = top > 0.f ? 255.f / top : 0.f;
+    sigma[r][g] = top / 255.f;
+    bias[r][g] = b;
+    V x0 = w0 * inv, x1 = w1 * inv;
+    x0 = x0 > zero ? x0 : zero;  // NaN → 0
+    x1 = x1 > zero ? x1 : zero;
+    x0 = x0 < 255.f ? x0 : zero + 255.f;
+    x1 = x1 < 255.f ? x1 : zero + 255.f;
+    const Ints q0 = __builtin_convertvector(x0 + 0.5f, Ints), q1 = __builtin_convertvector(x1 + 0.5f, Ints);
+    const Bytes b0 = __builtin_convertvector(q0, Bytes), b1 = __builtin_convertvector(q1, Bytes);
+    std::memcpy(&w8[r][g][0], &b0, 16);
+    std::memcpy(&w8[r][g][16], &b1, 16);
+    const Ints q = q0 + q1;
+    std::int32_t total = 0;
+    for (int k = 0; k < 16; ++k) total += q[k];
+    w8_sum[r][g] = total;
+    return bottom >= 0.f && b - b == 0.f;
+#else
+    float w[kTokensPerBlock], big[16], small[16], w_sum[16], lo_sum[16];
+    for (int k = 0; k < 16; ++k) {
+      w[k] = p[k] * scale[k];
+      w[k + 16] = p[k + 16] * scale[k + 16];
+      big[k] = w[k] > 0.f ? w[k] : 0.f;
+      big[k] = w[k + 16] > big[k] ? w[k + 16] : big[k];
+      small[k] = -w[k] > 0.f ? -w[k] : 0.f;
+      small[k] = -w[k + 16] > small[k] ? -w[k + 16] : small[k];
+      w_sum[k] = w[k] + w[k + 16];
+      lo_sum[k] = p[k] * lo[k] + p[k + 16] * lo[k + 16];
+    }
+    const float top = fold_lanes16<true>(big), bottom = -fold_lanes16<true>(small);
+    const float b = fold_lanes16<false>(lo_sum) + float(kMid) * fold_lanes16<false>(w_sum);
+    const float inv = top > 0.f ? 255.f / top : 0.f;
+    sigma[r][g] = top / 255.f;
+    bias[r][g] = b;
+    std::int32_t total = 0;
+    for (int j = 0; j < kTokensPerBlock; ++j) {
+      float x = w[j] * inv;
+      x = x > 0.f ? x : 0.f;
+      x = x < 255.f ? x : 255.f;
+      w8[r][g][j] = static_cast<std::uint8_t>(static_cast<std::int32_t>(x + 0.5f));
+      total += w8[r][g][j];
+    }
+    w8_sum[r][g] = total;
+    return bottom >= 0.f && b - b == 0.f;
+#endif
+  }
+
 #if KVQ_CPU_AVX512_VNNI && KVQ_CPU_AVX512_VBMI
   // Rows [r0, r0 + RB), 16 code bytes of four tokens per step: one zmm holds the four
   // tokens' 16 bytes, vpermb makes lane u = (t0[u], t1[u], t2[u], t3[u]), and each slab
