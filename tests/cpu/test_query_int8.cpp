@@ -128,6 +128,13 @@ TEST(Int8Query, BlockScoringMatchesTheGenericPath) {
   check_block_against_generic<2, 16, 64, bf16>(15);
   check_block_against_generic<4, 64, 128, fp32>(17);  // AVX2 block path with fp32 metadata
   check_block_against_generic<8, 64, 256, fp16>(16);   // four 64-byte group patterns
+  // The transposed AVX-512 layout: 64-byte rows with 16-, 32- and 64-byte groups, 32-byte
+  // rows (two tokens per vector) with 8- and 16-byte groups, bf16 metadata.
+  check_block_against_generic<4, 64, 128, bf16>(18);
+  check_block_against_generic<8, 32, 64, fp16>(19);
+  check_block_against_generic<2, 128, 256, bf16>(20);
+  check_block_against_generic<4, 32, 64, bf16>(21);
+  check_block_against_generic<2, 32, 128, bf16>(22);
 }
 
 TEST(Int8Query, NonFiniteQueryGroupMakesTheLogitNaN) {

@@ -98,6 +98,40 @@ struct Int8Query {
     return idx;
   }();
 
+  // The transposed block layout (score_block on AVX-512 VNNI, kTransposed): the packed
+  // key rows of 16 tokens are put four to a "quad" by two unpack stages of a 4×4 dword
+  // transpose, so lane (c, t) (128-bit lane c, dword t) of vector u_m holds dword
+  // 4·(c mod kRowLanes) + m of one token's row: token 4t-major within its quad, the
+  // upper half of each quad's lanes being the next four tokens when a row is 32 bytes.
+  // vpdpbusd then sums codes × query per (token, group) in a lane; one convert and three
+  // FMAs per lane vector scale them, and two shuffle levels add the groups of a token.
+  static constexpr int kSlabs = 8 / Bits;
+  static constexpr int kRowLanes = kSlabBytes / 16;  // 128-bit lanes per token row
+  static constexpr int kTokensPerRow = 64 / kSlabBytes > 0 ? 64 / kSlabBytes : 1;
+  static constexpr int kClasses = kGroupBytes >= 16 ? 1 : 16 / kGroupBytes;  // accumulators per quad
+  static constexpr bool kTransposed = (kSlabBytes == 64 || kSlabBytes == 32) && kGroupBytes % 8 == 0 &&
+                                      4 * kTokensPerRow * 2 * kGroups <= 64;
+  static constexpr int kTRows = kTransposed ? kMaxRowsPerPass : 1;
+  // Group of lane c in accumulator class a: dword m of a row holds bytes 16·(c mod
+  // kRowLanes) + 4m .. + 3, and with groups under 16 bytes class a gathers the dwords
+  // m of group offset a.
+  static constexpr int transposed_group(int c, int a) {
+    return (16 * (c % kRowLanes)) / kGroupBytes + (kClasses > 1 ? a : 0);
+  }
+  // Class of dword m: dwords of one class share each lane's group.
+  static constexpr int transposed_class(int m) { return kClasses == 1 ? 0 : m / (kGroupBytes / 4); }
+  // Lanes (c, a) of one token carrying group g.
+  static constexpr int transposed_lanes_of(int g) {
+    int count = 0;
+    for (int c = 0; c < kRowLanes; ++c)
+      for (int a = 0; a < kClasses; ++a) count += transposed_group(c, a) == g;
+    return count;
+  }
+  alignas(64) std::int32_t q_lanes[kTRows][kTransposed ? kSlabs : 1][4][16];  // query dword of lane (c, t)
+  alignas(64) float sigma_lanes[kTRows][kClasses][16];                          // σ of the lane's group
+  alignas(64) float residual_lanes[kTRows][kClasses][16];  // μ·R of the group / its lanes per token
+  alignas(64) float sum_lanes_t[kTRows][kClasses][16];     // Σq' of the group / its lanes per token
+
   // Quantizes row r from q' [D] (natural order, already × τ). A non-finite group makes
   // its lanes' factor NaN, so every logit of the row is NaN, as in the fp32 path.
   void set_row(int r, const float* q) {
@@ -126,6 +160,20 @@ struct Int8Query {
       sigma[r][lane] = sig[g];
       group_sum[r][lane] = sum[g] / float(kGroupLanes[g]);
       residual[r][lane] = res[g] / float(kGroupLanes[g]);
+    }
+    if constexpr (kTransposed) {
+      for (int lane = 0; lane < 16; ++lane) {
+        const int c = lane / 4;
+        for (int k = 0; k < kSlabs; ++k)
+          for (int m = 0; m < 4; ++m)
+            std::memcpy(&q_lanes[r][k][m][lane], &q8[r][k * kSlabBytes + 4 * (4 * (c % kRowLanes) + m)], 4);
+        for (int a = 0; a < kClasses; ++a) {
+          const int g = transposed_group(c, a);
+          sigma_lanes[r][a][lane] = sig[g];
+          residual_lanes[r][a][lane] = res[g] / float(transposed_lanes_of(g));
+          sum_lanes_t[r][a][lane] = sum[g] / float(transposed_lanes_of(g));
+        }
+      }
     }
   }
 
@@ -166,7 +214,11 @@ struct Int8Query {
   void score_block(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta, int rows,
                    float (*s)[kTokensPerBlock]) const {
 #if KVQ_CPU_AVX512_VNNI
-    score_block_vnni<M>(n, codes, meta, rows, s);
+    if constexpr (kTransposed && M != MetaType::fp32) {
+      score_block_transposed<M>(n, codes, meta, rows, s);
+    } else {
+      score_block_vnni<M>(n, codes, meta, rows, s);
+    }
 #else
 #if KVQ_CPU_AVX2 && KVQ_CPU_F16C
     if constexpr (kAvx2Block) {
@@ -382,6 +434,111 @@ struct Int8Query {
         for (int r = 0; r < rows; ++r) partial[r][kReducePos[j]] = _mm512_setzero_ps();
       const __mmask16 store = __mmask16((1u << m) - 1u);
       for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(&s[r][j0], store, reduce_16x16(partial[r]));
+    }
+  }
+
+  // score_block in the transposed layout (see kTransposed), 16 tokens per step.
+  template <MetaType M>
+  KVQ_FORCE_INLINE void score_block_transposed(int n, const std::uint8_t* const* codes,
+                                               const meta_storage_t<M>* const* meta, int rows,
+                                               float (*s)[kTokensPerBlock]) const {
+    constexpr int kQuads = 4 / kTokensPerRow, kMetaPerToken = 2 * kGroups;
+    constexpr int kQuadMeta = 4 * kTokensPerRow * kMetaPerToken;  // ≤ 64 16-bit values
+    alignas(64) static constexpr std::uint8_t kZeroRow[64] = {};
+    // vpermw indices: lane (c, t) ← the scale (lo: + 1) of its token and group in the quad's
+    // metadata, tokens 4·(c / kRowLanes) + t.
+    alignas(64) static constexpr auto kMetaIndex = [] {
+      std::array<std::array<std::uint16_t, 32>, 2 * kClasses> idx{};
+      for (int a = 0; a < kClasses; ++a)
+        for (int lane = 0; lane < 16; ++lane) {
+          const int c = lane / 4, t = lane % 4, token = 4 * (c / kRowLanes) + t;
+          idx[2 * a][lane] = std::uint16_t(token * kMetaPerToken + 2 * transposed_group(c, a));
+          idx[2 * a + 1][lane] = std::uint16_t(idx[2 * a][lane] + 1);
+        }
+      return idx;
+    }();
+    const __m512i mask = _mm512_set1_epi8(char((1u << Bits) - 1u));
+    alignas(64) std::uint16_t raw[16 * kMetaPerToken + 64];  // the 16 tokens' metadata, zero past n
+    std::memset(raw + 16 * kMetaPerToken, 0, 64 * sizeof(std::uint16_t));
+    alignas(64) __m512 partial[kMaxRowsPerPass][kQuads];
+    for (int j0 = 0; j0 < n; j0 += 16) {
+      const int count = n - j0 < 16 ? n - j0 : 16;
+      for (int j = 0; j < 16; ++j) {
+        if (j < count) std::memcpy(raw + j * kMetaPerToken, meta[j0 + j], kMetaPerToken * sizeof(std::uint16_t));
+        else std::memset(raw + j * kMetaPerToken, 0, kMetaPerToken * sizeof(std::uint16_t));
+      }
+      auto row = [&](int j) { return j < count ? codes[j0 + j] : kZeroRow; };
+      KVQ_UNROLL for (int q = 0; q < kQuads; ++q) {
+        // The quad's four 64-byte rows (two 32-byte tokens each when rows are 32 bytes).
+        __m512i x[4];
+        KVQ_UNROLL for (int t = 0; t < 4; ++t) {
+          if constexpr (kSlabBytes == 64) {
+            x[t] = _mm512_loadu_si512(row(4 * q + t));
+          } else {
+            const __m512i zero = _mm512_setzero_si512();
+            const __m512i low = _mm512_mask_inserti64x4(zero, 0xFF, zero, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(8 * q + t))), 0);
+            x[t] = _mm512_mask_inserti64x4(low, 0xFF, low, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(8 * q + 4 + t))), 1);
+          }
+        }
+        // Two stages of a 4×4 dword transpose in each 128-bit lane: u[m] = dword m of x[0..3].
+        const __m512i t0 = _mm512_maskz_unpacklo_epi32(0xFFFF, x[0], x[1]), t1 = _mm512_maskz_unpackhi_epi32(0xFFFF, x[0], x[1]);
+        const __m512i t2 = _mm512_maskz_unpacklo_epi32(0xFFFF, x[2], x[3]), t3 = _mm512_maskz_unpackhi_epi32(0xFFFF, x[2], x[3]);
+        const __m512i u[4] = {_mm512_maskz_unpacklo_epi64(0xFF, t0, t2), _mm512_maskz_unpackhi_epi64(0xFF, t0, t2),
+                              _mm512_maskz_unpacklo_epi64(0xFF, t1, t3), _mm512_maskz_unpackhi_epi64(0xFF, t1, t3)};
+        __m512i c[4][kSlabs];
+        KVQ_UNROLL for (int m = 0; m < 4; ++m)
+          KVQ_UNROLL for (int k = 0; k < kSlabs; ++k)
+            c[m][k] = Bits == 8 ? u[m] : _mm512_and_si512(k == 0 ? u[m] : _mm512_srli_epi16(u[m], unsigned(k * Bits)), mask);
+        // Scale and lo of each lane's (token, group), widened to fp32.
+        __m512 s_vec[kClasses], lo_vec[kClasses];
+        const std::uint16_t* quad_meta = raw + q * kQuadMeta;
+        const __m512i meta_lo = _mm512_loadu_si512(quad_meta), meta_hi = _mm512_loadu_si512(quad_meta + 32);
+        KVQ_UNROLL for (int a = 0; a < kClasses; ++a)
+          KVQ_UNROLL for (int h = 0; h < 2; ++h) {
+            const __m512i idx = _mm512_load_si512(kMetaIndex[2 * a + h].data());
+            const __m512i bits = kQuadMeta <= 32 ? _mm512_maskz_permutexvar_epi16(~__mmask32(0), idx, meta_lo)
+                                                 : _mm512_maskz_permutex2var_epi16(~__mmask32(0), meta_lo, idx, meta_hi);
+            const __m256i half = _mm512_mask_extracti64x4_epi64(_mm256_setzero_si256(), 0xF, bits, 0);
+            __m512 v;
+            if constexpr (M == MetaType::fp16) v = _mm512_maskz_cvtph_ps(0xFFFF, half);
+            else v = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, half), 16));
+            (h == 0 ? s_vec : lo_vec)[a] = v;
+          }
+        for (int r = 0; r < rows; ++r) {
+          __m512i acc[kClasses];
+          KVQ_UNROLL for (int a = 0; a < kClasses; ++a) acc[a] = _mm512_setzero_si512();
+          KVQ_UNROLL for (int m = 0; m < 4; ++m)
+            KVQ_UNROLL for (int k = 0; k < kSlabs; ++k)
+              acc[transposed_class(m)] = _mm512_dpbusd_epi32(acc[transposed_class(m)], c[m][k], _mm512_load_si512(q_lanes[r][k][m]));
+          __m512 f = _mm512_setzero_ps();
+          KVQ_UNROLL for (int a = 0; a < kClasses; ++a) {
+            const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, acc[a]);
+            const __m512 code_term = _mm512_fmadd_ps(isum, _mm512_load_ps(sigma_lanes[r][a]), _mm512_load_ps(residual_lanes[r][a]));
+            f = _mm512_fmadd_ps(code_term, s_vec[a], f);
+            f = _mm512_fmadd_ps(lo_vec[a], _mm512_load_ps(sum_lanes_t[r][a]), f);
+          }
+          partial[r][q] = f;
+        }
+      }
+      // Lane (c, t) of quad q is token 4q + t (64-byte rows) or 8q + 4·(c/2) + t (32-byte
+      // rows): add each token's lanes, which leaves the tokens in order.
+      const __mmask16 store = __mmask16((1u << count) - 1u);
+      for (int r = 0; r < rows; ++r) {
+        const __m512* f = partial[r];
+        auto pairs = [](__m512 a, __m512 b) {  // [a0+a1, a2+a3, b0+b1, b2+b3] over 128-bit lanes
+          return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0x88), _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0xDD));
+        };
+        __m512 y;
+        if constexpr (kQuads == 4) {
+          auto halves = [](__m512 a, __m512 b) {  // [a0+a2, a1+a3, b0+b2, b1+b3]
+            return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0x44), _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0xEE));
+          };
+          y = pairs(halves(f[0], f[1]), halves(f[2], f[3]));
+        } else {
+          y = pairs(f[0], f[1]);
+        }
+        _mm512_mask_storeu_ps(&s[r][j0], store, y);
+      }
     }
   }
 
