@@ -246,27 +246,61 @@ void tile_accumulate(const float (*p)[kTokensPerBlock], int rows_padded, const f
   }
 }
 
-// e^x for a block of n ≤ kTokensPerBlock floats, written so that it vectorizes (the
-// libm call per logit cost as much as the products). Cephes' degree-6 polynomial after
-// x = k·ln2 + r, |r| ≤ ln2/2: within 2 ulp of expf. x < −87 (−∞ included) gives exactly
-// 0, NaN gives NaN; the softmax only calls it with x ≤ 0.
+// e^x without libm (the libm call per logit cost as much as the products): Cephes'
+// degree-6 polynomial after x = k·ln2 + r, |r| ≤ ln2/2, within 2 ulp of expf. x < −87
+// (−∞ included) gives exactly 0, NaN gives NaN; the softmax only calls it with x ≤ 0.
+KVQ_FORCE_INLINE float exp_scalar(float x) {
+  const float t = x * 1.44269504088896341f;
+  const float shifted = t + 12582912.f;  // 1.5·2^23: round(t) lands in the low mantissa bits
+  const float k = shifted - 12582912.f;
+  const float r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.f;
+  const std::uint32_t k_bits = std::bit_cast<std::uint32_t>(shifted) - 0x4B400000u;  // k as two's complement
+  const float scale = std::bit_cast<float>((k_bits + 127u) << 23);
+  return x < -87.f ? 0.f : p * scale;
+}
+
+#if KVQ_GNU_HOST
+// exp_scalar's operations on W lanes (explicit vectors: GCC's auto-vectorizer stops at
+// 256 bits on targets that prefer them).
+template <int W>
+KVQ_FORCE_INLINE FloatVec<W> exp_vec(FloatVec<W> x) {
+  using Bits = typename GnuVec<std::uint32_t, W>::type;
+  const FloatVec<W> t = x * 1.44269504088896341f;
+  const FloatVec<W> shifted = t + 12582912.f;
+  const FloatVec<W> k = shifted - 12582912.f;
+  const FloatVec<W> r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
+  FloatVec<W> p = zero_vec<W>() + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.f;
+  Bits k_bits;
+  std::memcpy(&k_bits, &shifted, sizeof k_bits);  // k as two's complement
+  k_bits -= 0x4B400000u;
+  const Bits scale_bits = (k_bits + 127u) << 23;
+  FloatVec<W> scale;
+  std::memcpy(&scale, &scale_bits, sizeof scale);
+  return x < -87.f ? zero_vec<W>() : p * scale;
+}
+#endif
+
+// x[j] ← e^x[j] for j < n, a vector at a time.
 KVQ_FORCE_INLINE void exp_block(float* x, int n) {
-  for (int j = 0; j < n; ++j) {
-    const float t = x[j] * 1.44269504088896341f;
-    const float shifted = t + 12582912.f;  // 1.5·2^23: round(t) lands in the low mantissa bits
-    const float k = shifted - 12582912.f;
-    const float r = (x[j] - k * 0.693359375f) - k * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.f;
-    const std::uint32_t k_bits = std::bit_cast<std::uint32_t>(shifted) - 0x4B400000u;  // k as two's complement
-    const float scale = std::bit_cast<float>((k_bits + 127u) << 23);
-    x[j] = x[j] < -87.f ? 0.f : p * scale;
-  }
+  int j = 0;
+#if KVQ_GNU_HOST
+  constexpr int W = kNativeFloatLanes;
+  for (; j + W <= n; j += W) store_vec<W>(x + j, exp_vec<W>(load_vec<W>(x + j)));
+#endif
+  for (; j < n; ++j) x[j] = exp_scalar(x[j]);
 }
 
 // True when every element of the n rows [n][D] is finite (x − x is 0 exactly for finite x).
@@ -301,11 +335,9 @@ KVQ_FORCE_INLINE void prefetch_bytes(const void* p, std::size_t bytes) {
 
 // Max of a block of kTokensPerBlock logits, NaN when any of them is NaN (std::max
 // would drop it; a NaN logit must poison its row).
+template <int W = kNativeFloatLanes>  // a template, so the folds of other widths are discarded
 KVQ_FORCE_INLINE float block_max_of(const float* x) {
-  constexpr int W = kNativeFloatLanes;
   static_assert(kTokensPerBlock % W == 0);
-  float best = x[0];
-  bool nan = false;
 #if KVQ_GNU_HOST
   FloatVec<W> m = load_vec<W>(x);
   auto nan_lanes = m != m;
@@ -314,31 +346,61 @@ KVQ_FORCE_INLINE float block_max_of(const float* x) {
     m = v > m ? v : m;
     nan_lanes |= v != v;
   }
-  for (int i = 0; i < W; ++i) {
-    best = m[i] > best ? m[i] : best;
-    nan = nan || nan_lanes[i] != 0;
+  // Halving folds; a NaN lane may win the max, but then the result is NaN anyway.
+  if constexpr (W == 16) {
+    const FloatVec<8> a = __builtin_shufflevector(m, m, 0, 1, 2, 3, 4, 5, 6, 7), b = __builtin_shufflevector(m, m, 8, 9, 10, 11, 12, 13, 14, 15);
+    const FloatVec<8> m8 = b > a ? b : a;
+    const FloatVec<4> c = __builtin_shufflevector(m8, m8, 0, 1, 2, 3), d = __builtin_shufflevector(m8, m8, 4, 5, 6, 7);
+    const FloatVec<4> m4 = d > c ? d : c;
+    const FloatVec<4> e = __builtin_shufflevector(m4, m4, 2, 3, 0, 1);
+    const FloatVec<4> m2 = e > m4 ? e : m4;
+    m[0] = m2[1] > m2[0] ? m2[1] : m2[0];
+  } else {
+    for (int i = 1; i < W; ++i) m[0] = m[i] > m[0] ? m[i] : m[0];
   }
+  bool nan = false;
+  if constexpr (W == 16) {
+    const auto a = __builtin_shufflevector(nan_lanes, nan_lanes, 0, 1, 2, 3, 4, 5, 6, 7) |
+                   __builtin_shufflevector(nan_lanes, nan_lanes, 8, 9, 10, 11, 12, 13, 14, 15);
+    const auto b = __builtin_shufflevector(a, a, 0, 1, 2, 3) | __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    nan = (b[0] | b[1] | b[2] | b[3]) != 0;
+  } else {
+    for (int i = 0; i < W; ++i) nan = nan || nan_lanes[i] != 0;
+  }
+  return nan ? __builtin_nanf("") : m[0];
 #else
+  float best = x[0];
+  bool nan = false;
   for (int j = 0; j < kTokensPerBlock; ++j) {
     best = x[j] > best ? x[j] : best;
     nan = nan || x[j] != x[j];
   }
-#endif
   return nan ? __builtin_nanf("") : best;
+#endif
 }
 
 // x[j] ← e^(x[j] − shift) over a block of kTokensPerBlock; returns their sum (in a fixed
 // order). −∞ entries become 0.
 KVQ_FORCE_INLINE float exp_shifted_block(float* x, float shift) {
+#if KVQ_GNU_HOST
+  constexpr int W = kNativeFloatLanes;
+  FloatVec<W> partial = zero_vec<W>();
+  for (int j = 0; j < kTokensPerBlock; j += W) {
+    const FloatVec<W> e = exp_vec<W>(load_vec<W>(x + j) - shift);
+    store_vec<W>(x + j, e);
+    partial += e;
+  }
+  return sum_lanes<W>(partial);
+#else
   for (int j = 0; j < kTokensPerBlock; ++j) x[j] -= shift;
   exp_block(x, kTokensPerBlock);
   constexpr int W = kNativeFloatLanes;
   FloatVec<W> partial = zero_vec<W>();
   for (int j = 0; j < kTokensPerBlock; j += W) partial += load_vec<W>(x + j);
   return sum_lanes<W>(partial);
+#endif
 }
 
-// One [D] row of T as fp32 (F16C for fp16 when the target has it).
 template <int D, ActivationType T>
 KVQ_FORCE_INLINE void convert_row(const T* KVQ_RESTRICT src, float* KVQ_RESTRICT dst) {
   if constexpr (std::is_same_v<T, float>) {
