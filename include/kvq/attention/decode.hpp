@@ -146,10 +146,15 @@ struct QuantizedTileSource {
     } else {
       const std::uint8_t* codes[kTokensPerBlock];
       const meta_storage_t<P.key.meta>* meta[kTokensPerBlock];
-      table.for_each_slot(batch, t0, n, [&](int j, int page, int slot) {
+      int j = 0;  // a page's slots are contiguous rows: one address computation per run
+      table.for_each_page_run(batch, t0, n, [&](int page, int slot, int count) {
         const std::byte* base = cache.page(page);
-        codes[j] = reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(base, head, slot));
-        meta[j] = key_meta(base, slot);
+        const auto* c = reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(base, head, slot));
+        const meta_storage_t<P.key.meta>* m = key_meta(base, slot);
+        for (int u = 0; u < count; ++u, ++j) {
+          codes[j] = c + u * cache.layout.kKeyCodeBytes;
+          meta[j] = m + u * 2 * (D / P.key.group);
+        }
       });
       q8->template score_block<P.key.meta>(n, codes, meta, rows, s);
     }
@@ -185,10 +190,13 @@ struct QuantizedTileSource {
       constexpr int kGroups = D / P.value.group;
       const std::uint8_t* codes[kTokensPerBlock];
       alignas(64) meta_storage_t<P.value.meta> raw[kTokensPerBlock][2 * kGroups] = {};
-      table.for_each_slot(batch, t0, n, [&](int j, int page, int slot) {
+      int j = 0;
+      table.for_each_page_run(batch, t0, n, [&](int page, int slot, int count) {
         const std::byte* base = cache.page(page);
-        codes[j] = reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(base, head, slot));
-        std::memcpy(raw[j], cache.layout.value_meta_bytes(base, head, slot), sizeof raw[j]);
+        const auto* c = reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(base, head, slot));
+        for (int u = 0; u < count; ++u) codes[j + u] = c + u * cache.layout.kValueCodeBytes;
+        std::memcpy(raw[j], cache.layout.value_meta_bytes(base, head, slot), count * sizeof raw[0]);
+        j += count;
       });
       alignas(64) float scale[kGroups][kTokensPerBlock], lo[kGroups][kTokensPerBlock];
       decode_meta_block<P.value.meta, kGroups>(raw, scale, lo);
