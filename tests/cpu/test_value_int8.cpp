@@ -222,6 +222,35 @@ TEST(Int8Values, DecodeErrorIsSmallNextToTheCacheError) {
   check_decode<K8V8>("K8V8", fp32, 1.0, 16, 2, 2, {129, 33}, {1, 1}, 43);
 }
 
+// The decode hands the block scorers one pointer per token, taken from runs of slots in
+// a page: pages of any size (runs that end inside a 16-token step, one-slot pages) give
+// the bits of 16-token pages in the fastest mode.
+template <kvq::Policy P>
+void check_page_size_independence(std::uint32_t seed) {
+  const kvq::CpuDecodeOptions opt{kvq::KeyScoring::int8_query, kvq::ValueAccumulation::int8_weights};
+  std::vector<float> ref_out, ref_lse;
+  for (int page : {16, 1, 5, 7, 33}) {
+    auto c = kvq::test::make_paged_case<P>(seed, page, 2, 8, {300, 45}, {1, 3});
+    ASSERT_TRUE(c.append_all(seed).ok());
+    std::vector<float> out(c.q.size(), kPoison), lse(c.q.size() / P.head_dim, kPoison);
+    ASSERT_TRUE(kvq::decode_attention<P>(c.const_cache(), c.table(), c.decode_params(out.data(), lse.data()),
+                                         c.params.view(), opt)
+                    .ok());
+    if (page == 16) {
+      ref_out = out;
+      ref_lse = lse;
+      continue;
+    }
+    ASSERT_EQ(std::memcmp(out.data(), ref_out.data(), out.size() * sizeof(float)), 0) << "page size " << page;
+    ASSERT_EQ(std::memcmp(lse.data(), ref_lse.data(), lse.size() * sizeof(float)), 0) << "page size " << page;
+  }
+}
+
+TEST(Int8Values, FastestModeDoesNotDependOnThePageSize) {
+  check_page_size_independence<kvq::presets::K4V2>(51);
+  check_page_size_independence<kvq::presets::K2V2_HC>(52);
+}
+
 // A NaN value scale reaches the rows that see the token, as on the fp32 path.
 TEST(Int8Values, NonFiniteValueGroupPoisonsTheRowsThatSeeIt) {
   constexpr kvq::Policy P = kvq::presets::K4V2;
