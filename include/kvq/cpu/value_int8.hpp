@@ -159,7 +159,8 @@ struct Int8ValueBlock {
   }
 
  private:
-  // Lane folds of set_weights by halving (lane k with lane k + w), the order of sum_lanes.
+  // Lane folds of the portable set_weights by halving (lane k with lane k + w), the order
+  // of sum_lanes.
   template <bool kMax>
   static float fold_lanes16(const float* a) {
     float m[16];
@@ -178,17 +179,23 @@ struct Int8ValueBlock {
     const V p0 = load_vec<16>(p), p1 = load_vec<16>(p + 16);
     const V w0 = p0 * load_vec<16>(scale), w1 = p1 * load_vec<16>(scale + 16);
     const V zero = zero_vec<16>();
-    // Selects keep a NaN weight out of the extrema; the sum catches it.
-    V largest = w0 > zero ? w0 : zero, smallest = w0 < zero ? w0 : zero;
+    // The select keeps a NaN weight out of the maximum; the bias's sum catches it.
+    V largest = w0 > zero ? w0 : zero;
     largest = w1 > largest ? w1 : largest;
-    smallest = w1 < smallest ? w1 : smallest;
-    const V w_sum = w0 + w1;
-    const V lo_sum = p0 * load_vec<16>(lo) + p1 * load_vec<16>(lo + 16);
-    alignas(64) float big[16], small[16];
-    store_vec<16>(big, largest);
-    store_vec<16>(small, -smallest);
-    const float top = fold_lanes16<true>(big), bottom = -fold_lanes16<true>(small);
-    const float b = sum_lanes<16>(lo_sum) + float(kMid) * sum_lanes<16>(w_sum);
+    const bool negative = (_mm512_cmp_ps_mask(w0, zero, _CMP_LT_OQ) | _mm512_cmp_ps_mask(w1, zero, _CMP_LT_OQ)) != 0;
+    // Per lane Σp·lo + μ·Σw, then one halving sum.
+    const V lanes = (p0 * load_vec<16>(lo) + p1 * load_vec<16>(lo + 16)) + float(kMid) * (w0 + w1);
+    const FloatVec<8> m8 = [&] {
+      const FloatVec<8> a = __builtin_shufflevector(largest, largest, 0, 1, 2, 3, 4, 5, 6, 7);
+      const FloatVec<8> c = __builtin_shufflevector(largest, largest, 8, 9, 10, 11, 12, 13, 14, 15);
+      return c > a ? c : a;
+    }();
+    const FloatVec<4> m4a = __builtin_shufflevector(m8, m8, 0, 1, 2, 3), m4b = __builtin_shufflevector(m8, m8, 4, 5, 6, 7);
+    const FloatVec<4> m4 = m4b > m4a ? m4b : m4a;
+    const FloatVec<4> m2s = __builtin_shufflevector(m4, m4, 2, 3, 0, 1);
+    const FloatVec<4> m2 = m2s > m4 ? m2s : m4;
+    const float top = m2[1] > m2[0] ? m2[1] : m2[0];
+    const float b = sum_lanes<16>(lanes);
     const float inv = top > 0.f ? 255.f / top : 0.f;
     sigma[r][g] = top / 255.f;
     bias[r][g] = b;
@@ -202,24 +209,25 @@ struct Int8ValueBlock {
     std::memcpy(&w8[r][g][0], &b0, 16);
     std::memcpy(&w8[r][g][16], &b1, 16);
     const Ints q = q0 + q1;
-    std::int32_t total = 0;
-    for (int k = 0; k < 16; ++k) total += q[k];
-    w8_sum[r][g] = total;
-    return bottom >= 0.f && b - b == 0.f;
+    using Ints8 = typename GnuVec<std::int32_t, 8>::type;
+    using Ints4 = typename GnuVec<std::int32_t, 4>::type;
+    const Ints8 q8 = __builtin_shufflevector(q, q, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(q, q, 8, 9, 10, 11, 12, 13, 14, 15);
+    const Ints4 q4 = __builtin_shufflevector(q8, q8, 0, 1, 2, 3) + __builtin_shufflevector(q8, q8, 4, 5, 6, 7);
+    w8_sum[r][g] = (q4[0] + q4[1]) + (q4[2] + q4[3]);
+    return !negative && b - b == 0.f;
 #else
-    float w[kTokensPerBlock], big[16], small[16], w_sum[16], lo_sum[16];
+    float w[kTokensPerBlock], big[16], lanes[16];
+    bool negative = false;
     for (int k = 0; k < 16; ++k) {
       w[k] = p[k] * scale[k];
       w[k + 16] = p[k + 16] * scale[k + 16];
       big[k] = w[k] > 0.f ? w[k] : 0.f;
       big[k] = w[k + 16] > big[k] ? w[k + 16] : big[k];
-      small[k] = -w[k] > 0.f ? -w[k] : 0.f;
-      small[k] = -w[k + 16] > small[k] ? -w[k + 16] : small[k];
-      w_sum[k] = w[k] + w[k + 16];
-      lo_sum[k] = p[k] * lo[k] + p[k + 16] * lo[k + 16];
+      negative = negative || w[k] < 0.f || w[k + 16] < 0.f;
+      lanes[k] = (p[k] * lo[k] + p[k + 16] * lo[k + 16]) + float(kMid) * (w[k] + w[k + 16]);
     }
-    const float top = fold_lanes16<true>(big), bottom = -fold_lanes16<true>(small);
-    const float b = fold_lanes16<false>(lo_sum) + float(kMid) * fold_lanes16<false>(w_sum);
+    const float top = fold_lanes16<true>(big);
+    const float b = fold_lanes16<false>(lanes);
     const float inv = top > 0.f ? 255.f / top : 0.f;
     sigma[r][g] = top / 255.f;
     bias[r][g] = b;
@@ -232,7 +240,7 @@ struct Int8ValueBlock {
       total += w8[r][g][j];
     }
     w8_sum[r][g] = total;
-    return bottom >= 0.f && b - b == 0.f;
+    return !negative && b - b == 0.f;
 #endif
   }
 
