@@ -98,13 +98,13 @@ struct Int8Query {
     return idx;
   }();
 
-  // The transposed block layout (score_block on AVX-512 VNNI, kTransposed): the packed
-  // key rows of 16 tokens are put four to a "quad" by two unpack stages of a 4×4 dword
-  // transpose, so lane (c, t) (128-bit lane c, dword t) of vector u_m holds dword
-  // 4·(c mod kRowLanes) + m of one token's row: token 4t-major within its quad, the
-  // upper half of each quad's lanes being the next four tokens when a row is 32 bytes.
-  // vpdpbusd then sums codes × query per (token, group) in a lane; one convert and three
-  // FMAs per lane vector scale them, and two shuffle levels add the groups of a token.
+  // The transposed block layout (score_block on AVX-512 VNNI, kTransposed). Four
+  // 64-byte registers of packed key rows (a "quad": four tokens with 64-byte rows, eight
+  // with 32-byte rows, two per register) go through two unpack stages of a 4×4 dword
+  // transpose, so lane (c, t) (128-bit lane c, dword t) of u_m holds dword
+  // 4·(c mod kRowLanes) + m of the quad's token 4·⌊c / kRowLanes⌋ + t. vpdpbusd then
+  // sums codes × query dwords per (token, group) in each lane; one convert and three FMAs
+  // per vector scale 16 such lanes, and two shuffle levels add each token's groups.
   static constexpr int kSlabs = 8 / Bits;
   static constexpr int kRowLanes = kSlabBytes / 16;  // 128-bit lanes per token row
   static constexpr int kTokensPerRow = 64 / kSlabBytes > 0 ? 64 / kSlabBytes : 1;
