@@ -32,14 +32,17 @@ void check_block(int n, int rows, std::uint32_t seed) {
   for (int r = 0; r < rows; ++r)
     for (int j = 0; j < n; ++j) p[r][j] = rng() % 5 == 0 ? 0.f : std::pow(unit(rng), 3.f);  // zeros and a wide range
   std::vector<std::vector<std::uint8_t>> natural(n, std::vector<std::uint8_t>(D));
-  std::vector<std::vector<std::uint8_t>> packed(n, std::vector<std::uint8_t>(row_bytes));
+  // Rows back to back (as in a page) for odd seeds, with gaps for even ones: the SIMD path
+  // loads consecutive rows together.
+  const int stride = seed % 2 ? row_bytes : row_bytes + 16;
+  std::vector<std::uint8_t> packed(std::size_t(n) * stride + 64);
   std::vector<const std::uint8_t*> codes(n);
   float meta[kTokensPerBlock][2 * groups];
   float scale[groups][kTokensPerBlock] = {}, lo[groups][kTokensPerBlock] = {};  // zero past n
   for (int j = 0; j < n; ++j) {
     for (int i = 0; i < D; ++i) natural[j][i] = std::uint8_t(rng() % (1u << Bits));
-    kvq::pack_codes<Bits>(natural[j].data(), D, packed[j].data());
-    codes[j] = packed[j].data();
+    kvq::pack_codes<Bits>(natural[j].data(), D, packed.data() + std::size_t(j) * stride);
+    codes[j] = packed.data() + std::size_t(j) * stride;
     for (int g = 0; g < groups; ++g) {
       scale[g][j] = meta[j][2 * g] = 0.001f + unit(rng);
       lo[g][j] = meta[j][2 * g + 1] = -2.f + 4.f * unit(rng);

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -250,6 +251,16 @@ struct Int8ValueBlock {
   // is a shift and a mask away from vpdpbusd with the rows' four u8 weights. Codes below
   // 8 bits are valid s8 as they are, and μ·Σw8 comes off at the end; 8-bit codes
   // become c − 128 by flipping their top bit.
+  // vpermt2b indices for 32-byte rows: byte 4u + t ← byte u of 16-byte chunk k of row t,
+  // the four rows being 128 contiguous bytes.
+  alignas(64) static constexpr auto kQuadOf4Rows32 = [] {
+    std::array<std::array<std::uint8_t, 64>, 2> idx{};
+    for (int k = 0; k < 2; ++k)
+      for (int u = 0; u < 16; ++u)
+        for (int t = 0; t < 4; ++t) idx[k][4 * u + t] = std::uint8_t(32 * t + 16 * k + u);
+    return idx;
+  }();
+
   template <int RB>
   KVQ_FORCE_INLINE void accumulate_vnni(const std::uint8_t* const* codes, int n, int r0) {
     const __m512i quad = _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12,  //
@@ -266,11 +277,23 @@ struct Int8ValueBlock {
         const std::uint8_t* t1 = codes[j + 1 < n ? j + 1 : j];
         const std::uint8_t* t2 = codes[j + 2 < n ? j + 2 : j];
         const std::uint8_t* t3 = codes[j + 3 < n ? j + 3 : j];
-        __m512i z = _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes[j] + c)));
-        z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t1 + c)), 1);
-        z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t2 + c)), 2);
-        z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t3 + c)), 3);
-        z = _mm512_maskz_permutexvar_epi8(~__mmask64(0), quad, z);  // the unmasked form warns in GCC 12
+        __m512i z;
+        const std::uint8_t* t0 = codes[j];
+        if (kRowBytes <= 32 && t1 == t0 + kRowBytes && t2 == t0 + 2 * kRowBytes && t3 == t0 + 3 * kRowBytes) {
+          // Four consecutive rows of one page: one or two loads and one byte permute.
+          if constexpr (kRowBytes == 16) {
+            z = _mm512_maskz_permutexvar_epi8(~__mmask64(0), quad, _mm512_loadu_si512(t0));
+          } else if constexpr (kRowBytes == 32) {
+            const __m512i index = _mm512_load_si512(kQuadOf4Rows32[c / 16].data());
+            z = _mm512_maskz_permutex2var_epi8(~__mmask64(0), _mm512_loadu_si512(t0), index, _mm512_loadu_si512(t0 + 64));
+          }
+        } else {
+          z = _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t0 + c)));
+          z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t1 + c)), 1);
+          z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t2 + c)), 2);
+          z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t3 + c)), 3);
+          z = _mm512_maskz_permutexvar_epi8(~__mmask64(0), quad, z);  // the unmasked form warns in GCC 12
+        }
         __m512i w[RB];
         KVQ_UNROLL for (int r = 0; r < RB; ++r) {
           std::int32_t four;
