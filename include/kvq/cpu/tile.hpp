@@ -126,6 +126,33 @@ KVQ_FORCE_INLINE float sum_lanes(FloatVec<W> v) {
   }
 }
 
+// Largest lane by the same halving (a NaN lane may or may not win; callers that must see
+// NaN track it apart).
+template <int W>
+KVQ_FORCE_INLINE float max_lanes(FloatVec<W> v) {
+#if KVQ_GNU_HOST
+  if constexpr (W == 16) {
+    const FloatVec<8> a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+    const FloatVec<8> b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    return max_lanes<8>(b > a ? b : a);
+  } else if constexpr (W == 8) {
+    const FloatVec<4> a = __builtin_shufflevector(v, v, 0, 1, 2, 3), b = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+    return max_lanes<4>(b > a ? b : a);
+  } else if constexpr (W == 4) {
+    const FloatVec<4> swapped = __builtin_shufflevector(v, v, 2, 3, 0, 1);
+    const FloatVec<4> pairs = swapped > v ? swapped : v;
+    return pairs[1] > pairs[0] ? pairs[1] : pairs[0];
+  } else
+#endif
+  {
+    float lane[W];
+    for (int i = 0; i < W; ++i) lane[i] = v[i];
+    for (int w = W / 2; w >= 1; w /= 2)
+      for (int i = 0; i < w; ++i) lane[i] = lane[i + w] > lane[i] ? lane[i + w] : lane[i];
+    return lane[0];
+  }
+}
+
 #if KVQ_GNU_HOST
 // out[m] = sum_lanes<8>(x[m]) for m < 8 (the same additions in the same order), as one
 // transpose-and-add tree: 21 instructions instead of 8·6. (Results go through memory:
@@ -249,34 +276,16 @@ void tile_accumulate(const float (*p)[kTokensPerBlock], int rows_padded, const f
 // e^x without libm (the libm call per logit cost as much as the products): Cephes'
 // degree-6 polynomial after x = k·ln2 + r, |r| ≤ ln2/2, within 2 ulp of expf. x < −87
 // (−∞ included) gives exactly 0, NaN gives NaN; the softmax only calls it with x ≤ 0.
-KVQ_FORCE_INLINE float exp_scalar(float x) {
-  const float t = x * 1.44269504088896341f;
-  const float shifted = t + 12582912.f;  // 1.5·2^23: round(t) lands in the low mantissa bits
-  const float k = shifted - 12582912.f;
-  const float r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.f;
-  const std::uint32_t k_bits = std::bit_cast<std::uint32_t>(shifted) - 0x4B400000u;  // k as two's complement
-  const float scale = std::bit_cast<float>((k_bits + 127u) << 23);
-  return x < -87.f ? 0.f : p * scale;
-}
-
-#if KVQ_GNU_HOST
-// exp_scalar's operations on W lanes (explicit vectors: GCC's auto-vectorizer stops at
-// 256 bits on targets that prefer them).
-template <int W>
-KVQ_FORCE_INLINE FloatVec<W> exp_vec(FloatVec<W> x) {
-  using Bits = typename GnuVec<std::uint32_t, W>::type;
-  const FloatVec<W> t = x * 1.44269504088896341f;
-  const FloatVec<W> shifted = t + 12582912.f;
-  const FloatVec<W> k = shifted - 12582912.f;
-  const FloatVec<W> r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
-  FloatVec<W> p = zero_vec<W>() + 1.9875691500e-4f;
+// F is float, or a GNU vector of floats with Bits its uint32 twin: the same operations
+// lane by lane (explicit vectors, since GCC's auto-vectorizer stops at 256 bits on
+// targets that prefer them).
+template <class F, class Bits>
+KVQ_FORCE_INLINE F exp_approx(F x) {
+  const F t = x * 1.44269504088896341f;
+  const F shifted = t + 12582912.f;  // 1.5·2^23: round(t) lands in the low mantissa bits
+  const F k = shifted - 12582912.f;
+  const F r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
+  F p = F{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
@@ -287,20 +296,20 @@ KVQ_FORCE_INLINE FloatVec<W> exp_vec(FloatVec<W> x) {
   std::memcpy(&k_bits, &shifted, sizeof k_bits);  // k as two's complement
   k_bits -= 0x4B400000u;
   const Bits scale_bits = (k_bits + 127u) << 23;
-  FloatVec<W> scale;
+  F scale;
   std::memcpy(&scale, &scale_bits, sizeof scale);
-  return x < -87.f ? zero_vec<W>() : p * scale;
+  return x < -87.f ? F{} : p * scale;
 }
-#endif
 
 // x[j] ← e^x[j] for j < n, a vector at a time.
 KVQ_FORCE_INLINE void exp_block(float* x, int n) {
   int j = 0;
 #if KVQ_GNU_HOST
   constexpr int W = kNativeFloatLanes;
-  for (; j + W <= n; j += W) store_vec<W>(x + j, exp_vec<W>(load_vec<W>(x + j)));
+  using Bits = typename GnuVec<std::uint32_t, W>::type;
+  for (; j + W <= n; j += W) store_vec<W>(x + j, exp_approx<FloatVec<W>, Bits>(load_vec<W>(x + j)));
 #endif
-  for (; j < n; ++j) x[j] = exp_scalar(x[j]);
+  for (; j < n; ++j) x[j] = exp_approx<float, std::uint32_t>(x[j]);
 }
 
 // True when every element of the n rows [n][D] is finite (x − x is 0 exactly for finite x).
@@ -346,18 +355,8 @@ KVQ_FORCE_INLINE float block_max_of(const float* x) {
     m = v > m ? v : m;
     nan_lanes |= v != v;
   }
-  // Halving folds; a NaN lane may win the max, but then the result is NaN anyway.
-  if constexpr (W == 16) {
-    const FloatVec<8> a = __builtin_shufflevector(m, m, 0, 1, 2, 3, 4, 5, 6, 7), b = __builtin_shufflevector(m, m, 8, 9, 10, 11, 12, 13, 14, 15);
-    const FloatVec<8> m8 = b > a ? b : a;
-    const FloatVec<4> c = __builtin_shufflevector(m8, m8, 0, 1, 2, 3), d = __builtin_shufflevector(m8, m8, 4, 5, 6, 7);
-    const FloatVec<4> m4 = d > c ? d : c;
-    const FloatVec<4> e = __builtin_shufflevector(m4, m4, 2, 3, 0, 1);
-    const FloatVec<4> m2 = e > m4 ? e : m4;
-    m[0] = m2[1] > m2[0] ? m2[1] : m2[0];
-  } else {
-    for (int i = 1; i < W; ++i) m[0] = m[i] > m[0] ? m[i] : m[0];
-  }
+  // A NaN lane may win the max, but then the result is NaN anyway.
+  const float best = max_lanes<W>(m);
   bool nan = false;
   if constexpr (W == 16) {
     const auto a = __builtin_shufflevector(nan_lanes, nan_lanes, 0, 1, 2, 3, 4, 5, 6, 7) |
@@ -367,7 +366,7 @@ KVQ_FORCE_INLINE float block_max_of(const float* x) {
   } else {
     for (int i = 0; i < W; ++i) nan = nan || nan_lanes[i] != 0;
   }
-  return nan ? __builtin_nanf("") : m[0];
+  return nan ? __builtin_nanf("") : best;
 #else
   float best = x[0];
   bool nan = false;
@@ -386,7 +385,7 @@ KVQ_FORCE_INLINE float exp_shifted_block(float* x, float shift) {
   constexpr int W = kNativeFloatLanes;
   FloatVec<W> partial = zero_vec<W>();
   for (int j = 0; j < kTokensPerBlock; j += W) {
-    const FloatVec<W> e = exp_vec<W>(load_vec<W>(x + j) - shift);
+    const FloatVec<W> e = exp_approx<FloatVec<W>, typename GnuVec<std::uint32_t, W>::type>(load_vec<W>(x + j) - shift);
     store_vec<W>(x + j, e);
     partial += e;
   }

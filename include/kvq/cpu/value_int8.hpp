@@ -186,16 +186,7 @@ struct Int8ValueBlock {
     const bool negative = (_mm512_cmp_ps_mask(w0, zero, _CMP_LT_OQ) | _mm512_cmp_ps_mask(w1, zero, _CMP_LT_OQ)) != 0;
     // Per lane Σp·lo + μ·Σw, then one halving sum.
     const V lanes = (p0 * load_vec<16>(lo) + p1 * load_vec<16>(lo + 16)) + float(kMid) * (w0 + w1);
-    const FloatVec<8> m8 = [&] {
-      const FloatVec<8> a = __builtin_shufflevector(largest, largest, 0, 1, 2, 3, 4, 5, 6, 7);
-      const FloatVec<8> c = __builtin_shufflevector(largest, largest, 8, 9, 10, 11, 12, 13, 14, 15);
-      return c > a ? c : a;
-    }();
-    const FloatVec<4> m4a = __builtin_shufflevector(m8, m8, 0, 1, 2, 3), m4b = __builtin_shufflevector(m8, m8, 4, 5, 6, 7);
-    const FloatVec<4> m4 = m4b > m4a ? m4b : m4a;
-    const FloatVec<4> m2s = __builtin_shufflevector(m4, m4, 2, 3, 0, 1);
-    const FloatVec<4> m2 = m2s > m4 ? m2s : m4;
-    const float top = m2[1] > m2[0] ? m2[1] : m2[0];
+    const float top = max_lanes<16>(largest);
     const float b = sum_lanes<16>(lanes);
     const float inv = top > 0.f ? 255.f / top : 0.f;
     sigma[r][g] = top / 255.f;
