@@ -86,4 +86,47 @@ TEST(DenseAttention, InfValueReachesOnlyTheRowsThatSeeIt) {
   }
 }
 
+// Up to 8 query rows per KV head the products read the rows in place (fp16/bf16 converted
+// in registers) and accumulate values optimistically; more rows go through fp32 tiles.
+// Both give the same bits for the same row, also when a block must be redone because a
+// non-finite value reaches only some rows (the Inf in the last token, seen by the second
+// query token alone).
+template <class T>
+void check_direct_rows_match_tiles(std::uint32_t seed) {
+  constexpr int D = 128, nq = 2, len = 101, wide = 8;  // 2·8 = 16 rows: the tile path
+  const auto kf = kvq::test::random_normal(len * D, seed), vf = kvq::test::random_normal(len * D, seed + 1);
+  std::vector<T> k(kf.size()), v(vf.size());
+  for (std::size_t i = 0; i < kf.size(); ++i) k[i] = T(kf[i]), v[i] = T(vf[i]);
+  v[std::size_t(len - 1) * D + 3] = T(INFINITY);
+  const auto q_wide = kvq::test::random_normal(nq * wide * D, seed + 2);
+  const std::int32_t q_indptr[2] = {0, nq}, kv_indptr[2] = {0, len};
+  auto run = [&](int hq) {  // query heads 0 .. hq-1 of q_wide
+    std::vector<float> q, out(std::size_t(nq) * hq * D, kvq::test::kPoison), lse(nq * hq, kvq::test::kPoison);
+    for (int i = 0; i < nq; ++i) q.insert(q.end(), q_wide.begin() + i * wide * D, q_wide.begin() + (i * wide + hq) * D);
+    const kvq::DecodeParams<float, float> p{q.data(), q_indptr, hq, nullptr, 0.f, false, out.data(), lse.data()};
+    EXPECT_TRUE((kvq::dense_attention<D>(k.data(), v.data(), kv_indptr, 1, 1, p).ok()));
+    return std::pair{out, lse};
+  };
+  const auto [tile_out, tile_lse] = run(wide);
+  for (int hq : {1, 2, 4}) {  // 2, 4 and 8 rows: the direct path
+    const auto [out, lse] = run(hq);
+    for (int i = 0; i < nq; ++i)
+      for (int j = 0; j < hq; ++j) {
+        ASSERT_EQ(lse[i * hq + j], tile_lse[i * wide + j]) << "hq " << hq << " token " << i << " head " << j;
+        for (int d = 0; d < D; ++d) {
+          const float got = out[(std::size_t(i) * hq + j) * D + d], want = tile_out[(std::size_t(i) * wide + j) * D + d];
+          ASSERT_TRUE(got == want || (std::isnan(got) && std::isnan(want)))
+              << "hq " << hq << " token " << i << " head " << j << " d " << d << ": " << got << " vs " << want;
+        }
+      }
+    for (int j = 0; j < hq; ++j) EXPECT_TRUE(std::isinf(out[(std::size_t(hq) + j) * D + 3])) << "hq " << hq;
+  }
+}
+
+TEST(DenseAttention, DirectRowsMatchTheTilePath) {
+  check_direct_rows_match_tiles<kvq::half_t>(11);
+  check_direct_rows_match_tiles<kvq::bfloat16_t>(12);
+  check_direct_rows_match_tiles<float>(13);
+}
+
 }  // namespace

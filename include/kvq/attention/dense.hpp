@@ -22,11 +22,19 @@ namespace kvq {
 
 namespace detail {
 
-// Keys and values of one sequence and KV head for attend_part: rows of T converted to
-// fp32 tiles (natural order). rows(t0, n, fn) calls fn(j, key_row, value_row) with the
-// [D] rows of tokens t0 + j, j < n; q is [padded_rows(rows)][D], × τ.
+// Keys and values of one sequence and KV head for attend_part. rows(t0, n, fn) calls
+// fn(j, key_row, value_row) with the [D] rows of T of tokens t0 + j, j < n; q is
+// [padded_rows(rows)][D], × τ.
+//
+// Up to kMaxDirectRows query rows, the products read the rows themselves and convert
+// fp16/bf16 in registers (no fp32 tile goes through memory). Values are then accumulated
+// optimistically: a block whose accumulators come out non-finite (a NaN/Inf value, which
+// with zero weight would poison rows that give it none) is undone and redone through the
+// tile path below, which adds such a token only to its rows with nonzero weight. Finite
+// fp16/bf16/fp32 rows times weights in [0, 1] cannot overflow the fp32 sums.
 template <int D, ActivationType T, class Rows>
 struct DenseTileSource {
+  static constexpr int kMaxDirectRows = 8;
   Rows rows;
   const float* q;
   int rows_padded;
@@ -37,9 +45,29 @@ struct DenseTileSource {
     });
   }
   void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) const {
+    if (rows_padded <= kMaxDirectRows) {
+      alignas(64) static constexpr T zero_row[D] = {};
+      const T* key[kTokensPerBlock];
+      rows(t0, n, [&](int j, const T* k, const T*) { key[j] = k; });
+      const int n_padded = (n + 3) / 4 * 4;
+      std::fill(key + n, key + n_padded, zero_row);
+      logits_of<D>(q, rows_padded, RowsAt<D, T>{key}, n_padded, s);
+      return;
+    }
     logits_from_tile<D>(q, rows_padded, t0, n, tile, s, [&](int t, int count, float* out) {
       rows(t, count, [&](int j, const T* key, const T*) { convert_row<D>(key, out + j * D); });
     });
+  }
+  bool accumulate_values(int t0, int n, const float (*p)[kTokensPerBlock], int padded, float* acc) const {
+    if (padded > kMaxDirectRows) return false;
+    const T* value[kTokensPerBlock];
+    rows(t0, n, [&](int j, const T*, const T* v) { value[j] = v; });
+    alignas(64) float before[kMaxDirectRows * D];
+    std::copy(acc, acc + padded * D, before);
+    accumulate_of<D>(p, padded, RowsAt<D, T>{value}, n, acc);
+    if (rows_are_finite<D>(acc, padded)) return true;
+    std::copy(before, before + padded * D, acc);
+    return false;
   }
   bool values(int t0, int n, float* tile) const {
     rows(t0, n, [&](int j, const T*, const T* value) { convert_row<D>(value, tile + j * D); });

@@ -202,9 +202,60 @@ KVQ_FORCE_INLINE void sum_lanes_16(const FloatVec<W>* v, float* out) {
   for (int m = 0; m < 16; ++m) out[m] = sum_lanes<W>(v[m]);
 }
 
+// The products below read their keys and values through an accessor:
+//   at(j, i) → FloatVec<W> of elements i .. i+W of token j (W = lanes_for(D))
+// either from an fp32 tile (tile_at) or straight from rows of fp16/bf16/fp32, converted
+// in registers (rows_at); the operations, and so the bits, are the same for both.
+
+// W elements of a row of T at src, as fp32 (every fp16/bf16 value converts exactly).
+template <int W, ActivationType T>
+KVQ_FORCE_INLINE FloatVec<W> load_as_float(const T* KVQ_RESTRICT src) {
+  FloatVec<W> v;
+  if constexpr (std::is_same_v<T, float>) {
+    return load_vec<W>(src);
+#if KVQ_CPU_AVX512  // the maskz forms: GCC 12's plain ones read an uninitialized source (-Wmaybe-uninitialized)
+  } else if constexpr (W == 16 && std::is_same_v<T, half_t>) {
+    const __m512 x = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+    std::memcpy(&v, &x, sizeof v);
+  } else if constexpr (W == 16) {  // bf16 bits << 16 is the fp32 value
+    const __m512i x = _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))), 16);
+    std::memcpy(&v, &x, sizeof v);
+#endif
+#if KVQ_CPU_F16C
+  } else if constexpr (W == 8 && std::is_same_v<T, half_t>) {
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+    std::memcpy(&v, &x, sizeof v);
+#endif
+#if KVQ_CPU_AVX2
+  } else if constexpr (W == 8 && std::is_same_v<T, bfloat16_t>) {
+    const __m256i x = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))), 16);
+    std::memcpy(&v, &x, sizeof v);
+#endif
+  } else {
+    float lane[W];
+    for (int l = 0; l < W; ++l) lane[l] = to_float(src[l]);
+    std::memcpy(&v, lane, sizeof v);
+  }
+  return v;
+}
+
+// Accessor of an fp32 tile [n][D].
+template <int D>
+struct TileAt {
+  const float* KVQ_RESTRICT tile;
+  KVQ_FORCE_INLINE FloatVec<lanes_for(D)> operator()(int j, int i) const { return load_vec<lanes_for(D)>(tile + j * D + i); }
+};
+
+// Accessor of rows of T: row[j] points at token j's [D] elements.
+template <int D, ActivationType T>
+struct RowsAt {
+  const T* const* row;
+  KVQ_FORCE_INLINE FloatVec<lanes_for(D)> operator()(int j, int i) const { return load_as_float<lanes_for(D)>(row[j] + i); }
+};
+
 // S[r][j] for r < RB, j < TB over one row block and one token block.
-template <int D, int RB, int TB>
-KVQ_FORCE_INLINE void logits_block(const float* KVQ_RESTRICT q, const float* KVQ_RESTRICT k, int r0, int j0,
+template <int D, int RB, int TB, class KeyAt>
+KVQ_FORCE_INLINE void logits_block(const float* KVQ_RESTRICT q, const KeyAt& key_at, int r0, int j0,
                                    float (*KVQ_RESTRICT s)[kTokensPerBlock]) {
   constexpr int W = lanes_for(D);
   FloatVec<W> acc[RB][TB];
@@ -212,7 +263,7 @@ KVQ_FORCE_INLINE void logits_block(const float* KVQ_RESTRICT q, const float* KVQ
     KVQ_UNROLL for (int j = 0; j < TB; ++j) acc[r][j] = zero_vec<W>();
   for (int i = 0; i < D; i += W) {
     FloatVec<W> kv[TB];
-    KVQ_UNROLL for (int j = 0; j < TB; ++j) kv[j] = load_vec<W>(k + (j0 + j) * D + i);
+    KVQ_UNROLL for (int j = 0; j < TB; ++j) kv[j] = key_at(j0 + j, i);
     KVQ_UNROLL for (int r = 0; r < RB; ++r) {
       const FloatVec<W> qv = load_vec<W>(q + (r0 + r) * D + i);
       KVQ_UNROLL for (int j = 0; j < TB; ++j) acc[r][j] += qv * kv[j];
@@ -228,21 +279,31 @@ KVQ_FORCE_INLINE void logits_block(const float* KVQ_RESTRICT q, const float* KVQ
   }
 }
 
-// S = Q·Kᵀ for rows_padded rows (1 or a multiple of 4) and n_padded tokens (multiple of 4).
-template <int D>
-void tile_logits(const float* q, int rows_padded, const float* k, int n_padded, float (*s)[kTokensPerBlock]) {
+// S = Q·Kᵀ for rows_padded rows (1 or a multiple of 4) and n_padded tokens (multiple of
+// 4). Up to 8 rows share each key load (so rows converted in registers are converted
+// once); more rows take blocks of 4.
+template <int D, class KeyAt>
+void logits_of(const float* q, int rows_padded, const KeyAt& key_at, int n_padded, float (*s)[kTokensPerBlock]) {
   for (int j0 = 0; j0 < n_padded; j0 += 4) {
     if (rows_padded == 1) {
-      logits_block<D, 1, 4>(q, k, 0, j0, s);
+      logits_block<D, 1, 4>(q, key_at, 0, j0, s);
+    } else if (rows_padded == 8) {
+      logits_block<D, 8, 2>(q, key_at, 0, j0, s);
+      logits_block<D, 8, 2>(q, key_at, 0, j0 + 2, s);
     } else {
-      for (int r0 = 0; r0 < rows_padded; r0 += 4) logits_block<D, 4, 4>(q, k, r0, j0, s);
+      for (int r0 = 0; r0 < rows_padded; r0 += 4) logits_block<D, 4, 4>(q, key_at, r0, j0, s);
     }
   }
 }
 
-// A[r0..r0+RB) += Pᵀ·V over n tokens, D in chunks of two vectors.
-template <int D, int RB>
-KVQ_FORCE_INLINE void accumulate_rows(const float (*KVQ_RESTRICT p)[kTokensPerBlock], int r0, const float* KVQ_RESTRICT v,
+template <int D>
+void tile_logits(const float* q, int rows_padded, const float* k, int n_padded, float (*s)[kTokensPerBlock]) {
+  logits_of<D>(q, rows_padded, TileAt<D>{k}, n_padded, s);
+}
+
+// A[r0..r0+RB) += Pᵀ·V over n tokens, D in chunks of up to four vectors.
+template <int D, int RB, class ValueAt>
+KVQ_FORCE_INLINE void accumulate_rows(const float (*KVQ_RESTRICT p)[kTokensPerBlock], int r0, const ValueAt& value_at,
                                       int n, float* KVQ_RESTRICT acc) {
   constexpr int W = lanes_for(D);
   constexpr int C = D % (4 * W) == 0 && RB <= 4 ? 4 : (D % (2 * W) == 0 ? 2 : 1);
@@ -252,7 +313,7 @@ KVQ_FORCE_INLINE void accumulate_rows(const float (*KVQ_RESTRICT p)[kTokensPerBl
       KVQ_UNROLL for (int c = 0; c < C; ++c) a[r][c] = load_vec<W>(acc + (r0 + r) * D + i + c * W);
     for (int j = 0; j < n; ++j) {
       FloatVec<W> vv[C];
-      KVQ_UNROLL for (int c = 0; c < C; ++c) vv[c] = load_vec<W>(v + j * D + i + c * W);
+      KVQ_UNROLL for (int c = 0; c < C; ++c) vv[c] = value_at(j, i + c * W);
       KVQ_UNROLL for (int r = 0; r < RB; ++r) {
         const float w = p[r0 + r][j];
         KVQ_UNROLL for (int c = 0; c < C; ++c) a[r][c] += w * vv[c];
@@ -263,14 +324,22 @@ KVQ_FORCE_INLINE void accumulate_rows(const float (*KVQ_RESTRICT p)[kTokensPerBl
   }
 }
 
-// A += Pᵀ·V for rows_padded rows (1 or a multiple of 4).
+// A += Pᵀ·V for rows_padded rows (1 or a multiple of 4); as in logits_of, up to 8 rows
+// share each value load.
+template <int D, class ValueAt>
+void accumulate_of(const float (*p)[kTokensPerBlock], int rows_padded, const ValueAt& value_at, int n, float* acc) {
+  if (rows_padded == 1) {
+    accumulate_rows<D, 1>(p, 0, value_at, n, acc);
+  } else if (rows_padded == 8) {
+    accumulate_rows<D, 8>(p, 0, value_at, n, acc);
+  } else {
+    for (int r0 = 0; r0 < rows_padded; r0 += 4) accumulate_rows<D, 4>(p, r0, value_at, n, acc);
+  }
+}
+
 template <int D>
 void tile_accumulate(const float (*p)[kTokensPerBlock], int rows_padded, const float* v, int n, float* acc) {
-  if (rows_padded == 1) {
-    accumulate_rows<D, 1>(p, 0, v, n, acc);
-  } else {
-    for (int r0 = 0; r0 < rows_padded; r0 += 4) accumulate_rows<D, 4>(p, r0, v, n, acc);
-  }
+  accumulate_of<D>(p, rows_padded, TileAt<D>{v}, n, acc);
 }
 
 // e^x without libm (the libm call per logit cost as much as the products): Cephes'
@@ -400,39 +469,13 @@ KVQ_FORCE_INLINE float exp_shifted_block(float* x, float shift) {
 #endif
 }
 
+// dst[i] = src[i] as fp32, i < D.
 template <int D, ActivationType T>
 KVQ_FORCE_INLINE void convert_row(const T* KVQ_RESTRICT src, float* KVQ_RESTRICT dst) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(dst, src, D * sizeof(float));
-  } else if constexpr (std::is_same_v<T, bfloat16_t>) {
-#if KVQ_CPU_AVX512
-    if constexpr (D % 16 == 0) {  // bf16 bits << 16 is the fp32 value
-      for (int i = 0; i < D; i += 16)
-        _mm512_storeu_si512(dst + i, _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))), 16));
-      return;
-    }
-#endif
-    for (int i = 0; i < D; ++i) {
-      std::uint16_t b;
-      std::memcpy(&b, src + i, 2);
-      const std::uint32_t bits = std::uint32_t(b) << 16;
-      std::memcpy(dst + i, &bits, 4);
-    }
+  constexpr int W = lanes_for(D);
+  if constexpr (D % W == 0) {
+    for (int i = 0; i < D; i += W) store_vec<W>(dst + i, load_as_float<W>(src + i));
   } else {
-#if KVQ_CPU_AVX512
-    if constexpr (D % 16 == 0) {  // full-width stores: a later 64-byte load of dst forwards from one store
-      for (int i = 0; i < D; i += 16)
-        _mm512_storeu_ps(dst + i, _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
-      return;
-    }
-#endif
-#if KVQ_CPU_F16C
-    if constexpr (D % 8 == 0) {
-      for (int i = 0; i < D; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-      return;
-    }
-#endif
     for (int i = 0; i < D; ++i) dst[i] = to_float(src[i]);
   }
 }
