@@ -304,6 +304,21 @@ KVQ_FORCE_INLINE AppendSimd::F butterflies_in_lanes(AppendSimd::F x) {
   if constexpr (H < AppendSimd::kLanes) return butterflies_in_lanes<2 * H>(AppendSimd::butterfly<H>(x));
   else return x;
 }
+
+// The FWHT stages between the NV vectors v[], strides H, 2H, … vectors, as the scalar
+// order; fixed trip counts, so v[] stays in registers.
+template <int H, int NV>
+KVQ_FORCE_INLINE void butterflies_across(AppendSimd::F* v) {
+  if constexpr (H < NV) {
+    KVQ_UNROLL for (int i = 0; i < NV; i += 2 * H)
+      KVQ_UNROLL for (int j = i; j < i + H; ++j) {
+        const AppendSimd::F a = v[j], b = v[j + H];
+        v[j] = AppendSimd::add(a, b);
+        v[j + H] = AppendSimd::sub(a, b);
+      }
+    butterflies_across<2 * H, NV>(v);
+  }
+}
 #endif
 
 }  // namespace detail
@@ -324,13 +339,7 @@ KVQ_FORCE_INLINE void hadamard_forward_fast(float* x, std::uint32_t sign_seed) {
       KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = V::mul(v[k], V::load(signs + L * k));
     }
     KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = detail::butterflies_in_lanes(v[k]);
-    for (int h = 1; h < NV; h <<= 1)  // strides kLanes, 2·kLanes, … between vectors
-      for (int i = 0; i < NV; i += 2 * h)
-        for (int j = i; j < i + h; ++j) {
-          const typename V::F a = v[j], b = v[j + h];
-          v[j] = V::add(a, b);
-          v[j + h] = V::sub(a, b);
-        }
+    detail::butterflies_across<1, NV>(v);
     const typename V::F norm = V::set1(inv_sqrt_pow2(D));
     KVQ_UNROLL for (int k = 0; k < NV; ++k) V::store(x + L * k, V::mul(v[k], norm));
     return;

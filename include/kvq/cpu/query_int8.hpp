@@ -458,15 +458,11 @@ struct Int8Query {
       return idx;
     }();
     const __m512i mask = _mm512_set1_epi8(char((1u << Bits) - 1u));
-    alignas(64) std::uint16_t raw[16 * kMetaPerToken + 64];  // the 16 tokens' metadata, zero past n
-    std::memset(raw + 16 * kMetaPerToken, 0, 64 * sizeof(std::uint16_t));
+    constexpr int kQuadTokens = 4 * kTokensPerRow;
+    alignas(64) std::uint16_t quad_copy[64];  // a quad's metadata gathered, zero past n
     alignas(64) __m512 partial[kMaxRowsPerPass][kQuads];
     for (int j0 = 0; j0 < n; j0 += 16) {
       const int count = n - j0 < 16 ? n - j0 : 16;
-      for (int j = 0; j < 16; ++j) {
-        if (j < count) std::memcpy(raw + j * kMetaPerToken, meta[j0 + j], kMetaPerToken * sizeof(std::uint16_t));
-        else std::memset(raw + j * kMetaPerToken, 0, kMetaPerToken * sizeof(std::uint16_t));
-      }
       auto row = [&](int j) { return j < count ? codes[j0 + j] : kZeroRow; };
       KVQ_UNROLL for (int q = 0; q < kQuads; ++q) {
         // The quad's four 64-byte rows (two 32-byte tokens each when rows are 32 bytes).
@@ -491,8 +487,25 @@ struct Int8Query {
             c[m][k] = Bits == 8 ? u[m] : _mm512_and_si512(k == 0 ? u[m] : _mm512_srli_epi16(u[m], unsigned(k * Bits)), mask);
         // Scale and lo of each lane's (token, group), widened to fp32.
         __m512 s_vec[kClasses], lo_vec[kClasses];
-        const std::uint16_t* quad_meta = raw + q * kQuadMeta;
-        const __m512i meta_lo = _mm512_loadu_si512(quad_meta), meta_hi = _mm512_loadu_si512(quad_meta + 32);
+        // The quad's metadata in place when its tokens are consecutive slots of one page
+        // (the usual case), else gathered.
+        const meta_storage_t<M>* first = meta[j0 + q * kQuadTokens];
+        bool in_place = q * kQuadTokens + kQuadTokens <= count;
+        for (int t = 1; t < kQuadTokens && in_place; ++t) in_place = meta[j0 + q * kQuadTokens + t] == first + t * kMetaPerToken;
+        const std::uint16_t* quad_meta = reinterpret_cast<const std::uint16_t*>(first);
+        if (!in_place) {
+          for (int t = 0; t < kQuadTokens; ++t) {
+            const int j = q * kQuadTokens + t;
+            if (j < count) std::memcpy(quad_copy + t * kMetaPerToken, meta[j0 + j], kMetaPerToken * sizeof(std::uint16_t));
+            else std::memset(quad_copy + t * kMetaPerToken, 0, kMetaPerToken * sizeof(std::uint16_t));
+          }
+          quad_meta = quad_copy;
+        }
+        // Masked loads: nothing past the quad's kQuadMeta values is read.
+        constexpr __mmask32 kLowMask = kQuadMeta >= 32 ? ~__mmask32(0) : __mmask32((1u << kQuadMeta) - 1u);
+        constexpr __mmask32 kHighMask = kQuadMeta >= 64 ? ~__mmask32(0) : kQuadMeta > 32 ? __mmask32((1u << (kQuadMeta - 32)) - 1u) : 0;
+        const __m512i meta_lo = _mm512_maskz_loadu_epi16(kLowMask, quad_meta);
+        const __m512i meta_hi = _mm512_maskz_loadu_epi16(kHighMask, quad_meta + 32);
         KVQ_UNROLL for (int a = 0; a < kClasses; ++a)
           KVQ_UNROLL for (int h = 0; h < 2; ++h) {
             const __m512i idx = _mm512_load_si512(kMetaIndex[2 * a + h].data());
