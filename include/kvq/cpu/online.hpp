@@ -3,9 +3,10 @@
 //
 // A "part" is a run of `length` keys attended by `rows` query rows (the query heads of
 // one KV head × the query tokens of one sequence). Per block of kTokensPerBlock tokens
-// the source fills an fp32 tile [n][D] of keys, the driver computes all logits with one
-// tile product, rescales once per row, then the source fills the value tile and one
-// more tile product accumulates it: every token is read once per GQA group.
+// the source computes all logits (tile products over fp32 key tiles or rows, or int8
+// scoring on the codes), the driver rescales once per row, then the source accumulates
+// the values (tile products, or int8 weights on the codes): every token is read once per
+// GQA group.
 #pragma once
 
 #include <algorithm>

@@ -1,14 +1,14 @@
 // kvq/cpu/tile.hpp — register-blocked fp32 tile products of the CPU decode
 // (DESIGN §9).
 //
-// The quantized and the full-precision CPU decode both turn a block of up to
-// kTokensPerBlock tokens into an fp32 tile that stays in L1 (dequantized codes, or
-// converted fp16/bf16 rows) and then run the same two products, so the fp16 baseline
-// and the quantized path have the same engineering:
-//   logits : S[r][j]  = Σ_i Q[r][i]·K[j][i]      Q [rows][D], K tile [n][D]
+// The two products of a block of up to kTokensPerBlock tokens:
+//   logits : S[r][j]  = Σ_i Q[r][i]·K[j][i]      Q [rows][D], K [n][D]
 //   values : A[r][i] += Σ_j P[r][j]·V[j][i]      S, P [kMaxRowsPerPass][kTokensPerBlock]
-// Rows are blocked by 4 (1 for a single row), tokens by 4; callers pad Q, P and the
-// tiles with zeros up to those multiples.
+// K and V come from an fp32 tile that stays in L1 (dequantized codes with
+// KeyScoring/ValueAccumulation::fp32_tiles, or fp16/bf16 rows for more than 8 query
+// rows) or straight from fp16/bf16/fp32 rows converted in registers (the full-precision
+// pages up to 8 query rows). Rows are blocked by 4 (1 for a single row, 8 when there are
+// exactly 8), tokens by 4; callers pad Q, P and the keys with zeros up to those multiples.
 //
 // SIMD width follows the compiler's target flags, chosen by the engine: 16 floats with
 // AVX-512F, 8 with AVX, else 4 (SSE2 / NEON), through GCC/Clang vector extensions.
