@@ -204,8 +204,8 @@ KVQ_FORCE_INLINE void sum_lanes_16(const FloatVec<W>* v, float* out) {
 
 // The products below read their keys and values through an accessor:
 //   at(j, i) → FloatVec<W> of elements i .. i+W of token j (W = lanes_for(D))
-// either from an fp32 tile (tile_at) or straight from rows of fp16/bf16/fp32, converted
-// in registers (rows_at); the operations, and so the bits, are the same for both.
+// either from an fp32 tile (TileAt) or straight from rows of fp16/bf16/fp32, converted
+// in registers (RowsAt); the operations, and so the bits, are the same for both.
 
 // W elements of a row of T at src, as fp32 (every fp16/bf16 value converts exactly).
 template <int W, ActivationType T>
