@@ -54,8 +54,9 @@ TEST(Append, WritesExactlyItsSlotsAndNothingElse) {
   EXPECT_GT(written, 2 * 3 * L.kBytesPerTokenHead / 2);  // the slots really were written
 }
 
+// fp16/bf16 rows are converted, centered and rotated in registers (cpu/quantize.hpp).
 TEST(Append, HalfAndBfloatInputsQuantizeLikeTheirFp32Values) {
-  constexpr auto P = kvq::presets::K2V2_H;
+  constexpr auto P = kvq::presets::K2V2_HC;
   auto c = make_paged_case<P>(2, 16, 2, 2, {20}, {1});
   auto c16 = c, cbf = c;
   std::vector<kvq::half_t> kh(c.k.size()), vh(c.v.size());
@@ -68,8 +69,8 @@ TEST(Append, HalfAndBfloatInputsQuantizeLikeTheirFp32Values) {
   }
   std::vector<std::int32_t> bi(20, 0), pos(20);
   for (int i = 0; i < 20; ++i) pos[i] = i;
-  ASSERT_TRUE(kvq::append_kv<P>(c16.cache(), c.table(), kh.data(), vh.data(), 20, bi.data(), pos.data()).ok());
-  ASSERT_TRUE(kvq::append_kv<P>(cbf.cache(), c.table(), kb.data(), vb.data(), 20, bi.data(), pos.data()).ok());
+  ASSERT_TRUE(kvq::append_kv<P>(c16.cache(), c.table(), kh.data(), vh.data(), 20, bi.data(), pos.data(), c.params.view()).ok());
+  ASSERT_TRUE(kvq::append_kv<P>(cbf.cache(), c.table(), kb.data(), vb.data(), 20, bi.data(), pos.data(), c.params.view()).ok());
   for (std::size_t i = 0; i < c.k.size(); ++i) c.k[i] = kh[i].to_float(), c.v[i] = vh[i].to_float();
   auto cf = c;
   ASSERT_TRUE(cf.append_all(3).ok());

@@ -79,15 +79,17 @@ void append_items(const PagedCacheView<P>& cache, const PageTableView& table, co
                   const RotationParams& r, Owns owns) {
   constexpr int D = P.head_dim, kBatch = 8;  // (token, head) items quantized together
   const int hkv = cache.layout.num_kv_heads;
-  alignas(64) float k[kBatch][D], v[kBatch][D];
+  alignas(64) float k[kBatch][D], v[kBatch][D];  // the transformed rows
   float* k_rows[kBatch];
   float* v_rows[kBatch];
+  const T* k_src[kBatch];
+  const T* v_src[kBatch];
   int heads[kBatch], slots[kBatch];
   std::byte* pages[kBatch];
   for (int j = 0; j < kBatch; ++j) k_rows[j] = k[j], v_rows[j] = v[j];
   int n = 0;
   auto flush = [&] {
-    cpu::quantize_token_heads_fast<P, kBatch>(n, k_rows, v_rows, heads, slots, pages, r, cache.layout);
+    cpu::quantize_token_heads_fast<P, kBatch>(n, k_src, v_src, k_rows, v_rows, heads, slots, pages, r, cache.layout);
     n = 0;
   };
   for (int i = 0; i < num_tokens; ++i) {
@@ -97,8 +99,7 @@ void append_items(const PagedCacheView<P>& cache, const PageTableView& table, co
     for (int h = 0; h < hkv; ++h) {
       if (!owns(h, page_index)) continue;
       const std::size_t row = (std::size_t(i) * hkv + h) * D;
-      convert_row<D>(keys + row, k[n]);
-      convert_row<D>(values + row, v[n]);
+      k_src[n] = keys + row, v_src[n] = values + row;
       heads[n] = h, slots[n] = pos % table.page_size, pages[n] = page;
       if (++n == kBatch) flush();
     }

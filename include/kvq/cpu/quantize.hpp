@@ -32,6 +32,7 @@
 #include "kvq/core/packing.hpp"
 #include "kvq/core/quantizer.hpp"
 #include "kvq/cpu/isa.hpp"
+#include "kvq/cpu/tile.hpp"
 #include "kvq/layout/paged.hpp"
 #include "kvq/rotation/dense.hpp"
 #include "kvq/rotation/hadamard.hpp"
@@ -323,29 +324,50 @@ KVQ_FORCE_INLINE void butterflies_across(AppendSimd::F* v) {
 
 }  // namespace detail
 
-// x ← x·D·H/√D in place (kvq::hadamard_forward's bits).
-template <int D>
-KVQ_FORCE_INLINE void hadamard_forward_fast(float* x, std::uint32_t sign_seed) {
+// dst = (src − mean)·D·H/√D in one pass in registers: the conversion from T, the
+// centering (when mean is not null) and the FWHT (when kHadamard) of kvq::center_rotate
+// and kvq::hadamard_forward, with their bits. A row goes to memory once, for the
+// quantizer, instead of once per step.  src: [D] of T;  mean: [D] or null;  dst: [D].
+template <int D, bool kHadamard, ActivationType T>
+KVQ_FORCE_INLINE void center_hadamard_row_fast(const T* src, const float* mean, std::uint32_t sign_seed, float* dst) {
 #if KVQ_CPU_APPEND_SIMD
   using V = detail::AppendSimd;
   constexpr int L = V::kLanes;
-  if constexpr (D % L == 0 && (D & (D - 1)) == 0) {
+  if constexpr (D % L == 0 && (!kHadamard || (D & (D - 1)) == 0)) {
     constexpr int NV = D / L;
     typename V::F v[NV];
-    KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = V::load(x + L * k);
-    if (sign_seed != 0) {
-      alignas(64) float signs[D];
-      for (int i = 0; i < D; ++i) signs[i] = hadamard_sign(sign_seed, i);
-      KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = V::mul(v[k], V::load(signs + L * k));
+    KVQ_UNROLL for (int k = 0; k < NV; ++k) {
+      const kvq::detail::FloatVec<L> x = kvq::detail::load_as_float<L>(src + L * k);
+      std::memcpy(&v[k], &x, sizeof x);
+      if (mean) v[k] = V::sub(v[k], V::load(mean + L * k));
     }
-    KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = detail::butterflies_in_lanes(v[k]);
-    detail::butterflies_across<1, NV>(v);
-    const typename V::F norm = V::set1(inv_sqrt_pow2(D));
-    KVQ_UNROLL for (int k = 0; k < NV; ++k) V::store(x + L * k, V::mul(v[k], norm));
+    if constexpr (kHadamard) {
+      if (sign_seed != 0) {
+        alignas(64) float signs[D];
+        for (int i = 0; i < D; ++i) signs[i] = hadamard_sign(sign_seed, i);
+        KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = V::mul(v[k], V::load(signs + L * k));
+      }
+      KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = detail::butterflies_in_lanes(v[k]);
+      detail::butterflies_across<1, NV>(v);
+      const typename V::F norm = V::set1(inv_sqrt_pow2(D));
+      KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = V::mul(v[k], norm);
+    }
+    KVQ_UNROLL for (int k = 0; k < NV; ++k) V::store(dst + L * k, v[k]);
     return;
   }
 #endif
-  hadamard_forward_generic<D>(x, sign_seed);
+  float x[D];
+  kvq::detail::convert_row<D>(src, x);
+  if (mean)
+    for (int i = 0; i < D; ++i) x[i] = sub_rn(x[i], mean[i]);
+  if constexpr (kHadamard) hadamard_forward_generic<D>(x, sign_seed);
+  std::memcpy(dst, x, sizeof x);
+}
+
+// x ← x·D·H/√D in place (kvq::hadamard_forward's bits).
+template <int D>
+KVQ_FORCE_INLINE void hadamard_forward_fast(float* x, std::uint32_t sign_seed) {
+  center_hadamard_row_fast<D, true>(x, nullptr, sign_seed, x);
 }
 
 // x ← x·R in place (kvq::rotate_dense's bits): lane j sums the separately rounded
@@ -482,41 +504,39 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
 }
 
 // kvq::quantize_token_head on the host, for n ≤ kMaxRows (token, KV head) items at
-// once: center and rotate key row k[j] and value row v[j] of KV head heads[j] (in place:
-// the rows are overwritten), then quantize them into pages[j], slot slots[j].
-template <Policy P, int kMaxRows>
-KVQ_FORCE_INLINE void quantize_token_heads_fast(int n, float* const* k, float* const* v, const int* heads,
-                                                const int* slots, std::byte* const* pages, const RotationParams& r,
+// once: center and rotate key row k[j] and value row v[j] of KV head heads[j] into the
+// fp32 rows k_rows[j], v_rows[j] (workspace), then quantize them into pages[j], slot
+// slots[j].  k[j], v[j]: [D] of T;  k_rows[j], v_rows[j]: [D] fp32.
+template <Policy P, int kMaxRows, ActivationType T>
+KVQ_FORCE_INLINE void quantize_token_heads_fast(int n, const T* const* k, const T* const* v, float* const* k_rows,
+                                                float* const* v_rows, const int* heads, const int* slots,
+                                                std::byte* const* pages, const RotationParams& r,
                                                 const PageLayout<P>& layout) {
   constexpr int D = P.head_dim;
-  float scratch[D];
-  auto transform = [&]<QuantSpec S>(float* x, int h, const float* mean, const float* rotation) {
-    if constexpr (S.centered) {
-#if KVQ_CPU_APPEND_SIMD
-      using V = detail::AppendSimd;
-      for (int i = 0; i < D; i += V::kLanes) V::store(x + i, V::sub(V::load(x + i), V::load(mean + h * D + i)));
-#else
-      for (int i = 0; i < D; ++i) x[i] = sub_rn(x[i], mean[h * D + i]);
-#endif
-    }
-    if constexpr (S.rotation == Rotation::hadamard) hadamard_forward_fast<D>(x, S.sign_seed);
-    else if constexpr (S.rotation == Rotation::dense)
+  auto transform = [&]<QuantSpec S>(const T* src, float* x, int h, const float* mean, const float* rotation) {
+    const float* mean_h = S.centered ? mean + h * D : nullptr;
+    if constexpr (S.rotation == Rotation::dense) {
+      float scratch[D];
+      center_hadamard_row_fast<D, false>(src, mean_h, 0, x);
       rotate_dense_fast<D>(x, kvq::detail::head_rotation<S, D>(rotation, h), scratch);
+    } else {
+      center_hadamard_row_fast<D, S.rotation == Rotation::hadamard>(src, mean_h, S.sign_seed, x);
+    }
   };
   std::uint8_t* k_codes[kMaxRows];
   std::uint8_t* v_codes[kMaxRows];
   meta_storage_t<P.key.meta>* k_meta[kMaxRows];
   meta_storage_t<P.value.meta>* v_meta[kMaxRows];
   for (int j = 0; j < n; ++j) {
-    transform.template operator()<P.key>(k[j], heads[j], r.key_mean, r.key_rotation);
-    transform.template operator()<P.value>(v[j], heads[j], r.value_mean, r.value_rotation);
+    transform.template operator()<P.key>(k[j], k_rows[j], heads[j], r.key_mean, r.key_rotation);
+    transform.template operator()<P.value>(v[j], v_rows[j], heads[j], r.value_mean, r.value_rotation);
     k_codes[j] = reinterpret_cast<std::uint8_t*>(layout.key_codes(pages[j], heads[j], slots[j]));
     v_codes[j] = reinterpret_cast<std::uint8_t*>(layout.value_codes(pages[j], heads[j], slots[j]));
     k_meta[j] = reinterpret_cast<meta_storage_t<P.key.meta>*>(layout.key_meta_bytes(pages[j], heads[j], slots[j]));
     v_meta[j] = reinterpret_cast<meta_storage_t<P.value.meta>*>(layout.value_meta_bytes(pages[j], heads[j], slots[j]));
   }
-  quantize_rows_fast<P.key, D, kMaxRows>(n, k, k_codes, k_meta);
-  quantize_rows_fast<P.value, D, kMaxRows>(n, v, v_codes, v_meta);
+  quantize_rows_fast<P.key, D, kMaxRows>(n, k_rows, k_codes, k_meta);
+  quantize_rows_fast<P.value, D, kMaxRows>(n, v_rows, v_codes, v_meta);
 }
 
 }  // namespace kvq::cpu
