@@ -1,35 +1,79 @@
 #!/usr/bin/env bash
-# gpu_check.sh — the one device check of kvq's CUDA side (tests + benchmarks), ≤ 8 min.
+# gpu_check.sh — the one device check of kvq's CUDA side: tests, sanitizers, benchmarks and
+# the PyTorch peer in one run (about 6 minutes on an H200, so a rerun fits a 15-minute lease).
 #
 #   benchmarks/gpu_check.sh --prepare [DIR]   on a build machine (nvcc, GoogleTest,
-#       Google Benchmark; no GPU needed): builds the sm_90 binaries with static cudart,
-#       static libstdc++, and stages them with libbenchmark into DIR (default
+#       Google Benchmark; no GPU needed): builds the sm_90 binaries with static cudart and
+#       static libstdc++, writes the ptxas table of every kernel they instantiate
+#       (registers, spills, shared memory) to DIR/ptxas.txt, and stages the binaries,
+#       libbenchmark and ../shared/bench/torch_sdpa_peer.py into DIR (default
 #       build-gpu/stage, a few MiB).
-#   benchmarks/gpu_check.sh [DIR]             on the GPU machine: runs the host and
-#       device tests, then the benchmarks, and prints a short table last. Logs and the
-#       benchmark JSON go to $KVQ_GPU_CHECK_OUT (default $OUT, else /tmp)/kvq_gpu_check.
+#   benchmarks/gpu_check.sh [DIR]             on the GPU machine: host and device tests,
+#       compute-sanitizer memcheck and racecheck on a subset, bench_cuda_decode, the torch
+#       peer, one Nsight Compute profile, then one table per shape: µs, GB/s on packed bytes,
+#       % of the device copy and × over torch's BF16 SDPA, all from this run. Logs, JSON and
+#       the profile go to $KVQ_GPU_CHECK_OUT (default $OUT, else /tmp)/kvq_gpu_check.
 #
-# Exit status: 0 when every test passed (benchmarks never fail the check).
+# Exit status: 0 when every test and sanitizer run passed (benchmarks never fail the check).
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 
 if [ "${1:-}" = "--prepare" ]; then
   stage=${2:-build-gpu/stage}
   build=$(dirname "$stage")
-  set -e
+  set -eo pipefail
   mkdir -p "$build"
   cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DCMAKE_CUDA_FLAGS="-Xptxas=-v" \
         -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" > "$build/configure.log"
-  cmake --build "$build" -j"${JOBS:-2}" --target test_cuda_plan test_cuda_kernels bench_cuda_decode
+  # -Xptxas=-v prints every kernel's resources while compiling: rebuild the CUDA objects
+  # so that the log holds all of them.
+  find "$build" -path '*CMakeFiles*' -name '*.cu.o' -delete
+  rc=0
+  cmake --build "$build" -j"${JOBS:-2}" --target test_cuda_plan test_cuda_kernels bench_cuda_decode \
+    > "$build/build.log" 2>&1 || rc=$?
+  grep -v -e "ptxas info" -e "bytes stack frame" "$build/build.log" | tail -15
+  [ $rc -eq 0 ] || { echo "gpu_check --prepare: build failed (log: $build/build.log)"; exit 1; }
   mkdir -p "$stage/lib"
   cp "$build/tests/cuda/test_cuda_plan" "$build/tests/cuda/test_cuda_kernels" \
      "$build/benchmarks/cuda/bench_cuda_decode" "$stage/"
+  peer="$here/../shared/bench/torch_sdpa_peer.py"
+  if [ -f "$peer" ]; then cp "$peer" "$stage/"; else echo "!! $peer not found: the run will have no torch peer"; fi
   # Google Benchmark is only available as a shared library here; ship it with the C++
   # runtime it was built against (glibc itself is taken from the GPU machine).
   for lib in $(ldd "$stage/bench_cuda_decode" | awk '/libbenchmark|libstdc\+\+|libgcc_s/ {print $3}'); do
     cp -L "$lib" "$stage/lib/"
   done
+  # ptxas table: one line per sm_90 kernel (demangled), deduplicated over translation units.
+  python3 - "$build/build.log" > "$stage/ptxas.txt" << 'PY'
+import re, subprocess, sys
+rows, name = {}, None
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"Compiling entry function '(\S+)' for 'sm_90'", line)
+    if m:
+        name = m.group(1)
+        continue
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+    if m and name:
+        rows.setdefault(name, {}).update(stack=int(m.group(1)), spill_st=int(m.group(2)), spill_ld=int(m.group(3)))
+    m = re.search(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?", line)
+    if m and name:
+        rows.setdefault(name, {}).update(regs=int(m.group(1)), smem=int(m.group(2) or 0))
+        name = None
+names = list(rows)
+pretty = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout.split("\n")
+def short(s):  # the kernel and its template arguments, without namespaces and noise
+    s = re.sub(r"kvq::(cuda::)?(kernel::)?", "", s)
+    s = re.sub(r"\(([^()]*)\)$", "", s)
+    return s.replace("MetaType::", "").replace("Rotation::", "").replace("(unsigned char)", "")[:150]
+print(f"{'regs':>4} {'spill st/ld':>11} {'stack':>5} {'smem':>6}  kernel (sm_90)")
+for n, p in sorted(zip(names, pretty), key=lambda x: short(x[1])):
+    r = rows[n]
+    print(f"{r.get('regs', -1):4d} {r.get('spill_st', 0):5d}/{r.get('spill_ld', 0):<5d} {r.get('stack', 0):5d} "
+          f"{r.get('smem', 0):6d}  {short(p)}")
+PY
   echo "staged in $stage:"; ls -la "$stage" "$stage/lib"
+  echo "ptxas table ($stage/ptxas.txt):"; cat "$stage/ptxas.txt"
   exit 0
 fi
 
@@ -39,60 +83,95 @@ out=${KVQ_GPU_CHECK_OUT:-${OUT:-/tmp}}/kvq_gpu_check
 mkdir -p "$out"
 status=0
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>/dev/null || echo "nvidia-smi not available"
+[ -f "$stage/ptxas.txt" ] && cp "$stage/ptxas.txt" "$out/"
 
 echo "== host-side tests"
 timeout 60 "$stage/test_cuda_plan" --gtest_brief=1 || status=1
 echo "== device tests"
-timeout 240 "$stage/test_cuda_kernels" --gtest_brief=1 2>&1 | tee "$out/tests.log" | tail -40
+timeout 150 "$stage/test_cuda_kernels" --gtest_brief=1 2>&1 | tee "$out/tests.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 if grep -q "no CUDA device found" "$out/tests.log"; then echo "!! device tests skipped: no CUDA device found"; status=1; fi
 
+# compute-sanitizer on the tests of one policy per kernel (both decode kernels, split-KV,
+# append, dense pages, merge, NaN rows); racecheck on the kernels that share memory.
+memcheck_set='CudaAppend.K4V2_d128_half:CudaDecode.K4V2_d128_half:CudaDecodeTensorCore.K4V2_d128_half:CudaDenseDecode.dense_d128_half:CudaDenseDecodeTensorCore.dense_d128_half:CudaMergeStates.dense_d128_half:CudaDecode.NaN*'
+racecheck_set='CudaDecode.K4V2_d128_half:CudaDecodeTensorCore.K4V2_d128_half:CudaDenseDecodeTensorCore.dense_d128_half'
+if command -v compute-sanitizer > /dev/null; then
+  for tool in memcheck racecheck; do
+    set_var=${tool}_set
+    echo "== compute-sanitizer --tool $tool (${!set_var})"
+    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 3 "$stage/test_cuda_kernels" --gtest_brief=1 \
+      --gtest_filter="${!set_var}" > "$out/$tool.log" 2>&1
+    rc=$?
+    tail -4 "$out/$tool.log"
+    case $rc in 0) echo "$tool: clean";; 124) echo "!! $tool: timed out"; status=1;; *) echo "!! $tool: FAILED ($rc)"; status=1;; esac
+  done
+else
+  echo "!! compute-sanitizer not found"; status=1
+fi
+
 echo "== benchmarks"
-timeout 220 "$stage/bench_cuda_decode" --benchmark_min_time=0.1 --benchmark_counters_tabular=true \
-  --benchmark_out="$out/bench.json" --benchmark_out_format=json 2>&1 | tee "$out/bench.txt" | tail -60
+timeout 150 "$stage/bench_cuda_decode" --benchmark_min_time=0.05 --benchmark_counters_tabular=true \
+  --benchmark_out="$out/bench.json" --benchmark_out_format=json > "$out/bench.txt" 2>&1
+tail -5 "$out/bench.txt"
+
+echo "== torch peer"
+if [ -f "$stage/torch_sdpa_peer.py" ]; then
+  OUT="$out" timeout 120 python3 "$stage/torch_sdpa_peer.py" > "$out/peer.txt" 2>&1 || echo "!! peer failed or timed out"
+  tail -3 "$out/peer.txt"
+else
+  echo "!! no torch_sdpa_peer.py in the stage"
+fi
+
+if command -v ncu > /dev/null; then
+  for bench in 'BM_DecodeTC/K4V2_d128_half' 'BM_DecodeFP16TC'; do
+    echo "== Nsight Compute: $bench at 16 x 32K (one decode launch after warm-up)"
+    timeout 60 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats --launch-skip 2 \
+      --launch-count 1 -k regex:decode "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
+      --benchmark_filter="$bench/batch:16/ctx:32768" > "$out/ncu_${bench//\//_}.txt" 2>&1 ||
+      echo "!! ncu failed or timed out"
+    grep -E "decode|Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Occupancy|Warp Cycles Per Issued" \
+      "$out/ncu_${bench//\//_}.txt" | head -14
+  done
+fi
 
 echo "== summary (one run: compare the ratios inside it, not absolutes across runs)"
 if command -v python3 > /dev/null && [ -s "$out/bench.json" ]; then
-  python3 - "$out/bench.json" << 'PY'
-import json, sys, collections
-runs = [b for b in json.load(open(sys.argv[1]))["benchmarks"] if b.get("run_type", "iteration") == "iteration" and "error_occurred" not in b]
+  python3 - "$out/bench.json" "$out/peer.json" << 'PY'
+import json, os, re, sys, collections
+runs = [b for b in json.load(open(sys.argv[1]))["benchmarks"]
+        if b.get("run_type", "iteration") == "iteration" and "error_occurred" not in b]
 copy = max((b["GB/s"] for b in runs if b["name"].startswith("BM_Copy")), default=float("nan"))
-print(f"device copy (read+write): {copy:8.0f} GB/s")
-dec = collections.OrderedDict()
+print(f"device copy (read+write, bench_cuda_decode): {copy:8.0f} GB/s")
+torch = {}  # (batch, ctx) -> best BF16 µs over backends and layouts
+if os.path.exists(sys.argv[2]):
+    for r in json.load(open(sys.argv[2])):
+        if r.get("dtype") == "bfloat16":
+            key = (r["batch"], r["ctx"])
+            torch[key] = min(torch.get(key, float("inf")), r["us"])
+else:
+    print("(no peer.json: the x-torch column is empty)")
+shapes = collections.OrderedDict()
 for b in runs:
-    n = b["name"]
-    if n.startswith("BM_Decode"):
-        head, rest = n.split("/", 1)
-        if head in ("BM_DecodeFP16", "BM_DecodeFP16TC"):  # the 16-bit baselines
-            kind, shape = ("FP16" if head == "BM_DecodeFP16" else "TC FP16"), rest
-        else:  # BM_Decode/<policy>/... (CUDA cores) or BM_DecodeTC/<policy>/... (tensor cores)
-            kind, shape = rest.split("/", 1)
-            if head == "BM_DecodeTC":
-                kind = "TC " + kind
-        shape = shape.replace("/manual_time", "")
-        dec.setdefault(shape, {})[kind.replace("_d128_half", "")] = b
-kinds = []
-for s in dec.values():
-    for k in s:
-        if k not in kinds: kinds.append(k)
-# xFP16: speed over the 16-bit baseline of the same kernel kind (CUDA cores vs CUDA
-# cores, tensor cores vs tensor cores), i.e. equal engineering.
-hdr = f"{'batch/ctx':<22}" + "".join(f"{k+' GB/s':>14}{'%copy':>7}{'xFP16':>7}" for k in kinds)
-print(hdr)
-for shape, s in dec.items():
-    line = f"{shape:<22}"
-    for k in kinds:
-        b = s.get(k)
-        if not b:
-            line += f"{'-':>14}{'':>7}{'':>7}"; continue
-        bf = s.get("TC FP16" if k.startswith("TC ") else "FP16")
-        gbs = b["GB/s"]
-        speed = bf["real_time"] / b["real_time"] if bf else float("nan")
-        line += f"{gbs:14.0f}{100*gbs/copy:6.0f}%{speed:7.2f}"
-    print(line)
+    m = re.match(r"BM_(Decode\w*)(?:/([^/]+))?/batch:(\d+)/ctx:(\d+)", b["name"])
+    if not m:
+        continue
+    head, policy, batch, ctx = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
+    kind = {"DecodeFP16": "fp16 pages", "DecodeFP16TC": "fp16 pages TC", "DecodeBF16": "bf16 pages",
+            "Decode": f"{policy}", "DecodeTC": f"{policy} TC"}[head].replace("_d128_half", "")
+    shapes.setdefault((batch, ctx), []).append((kind, b))
+for (batch, ctx), rows in shapes.items():
+    t = torch.get((batch, ctx))
+    print(f"\n{batch} x {ctx}  (Hkv 8, Hq 32, d 128, page 64)   torch BF16 SDPA: " + (f"{t:.1f} us" if t else "-"))
+    print(f"  {'kernel':<16}{'us':>10}{'GB/s':>9}{'%copy':>7}{'x torch':>9}{'splits':>7}")
+    for kind, b in rows:
+        us = b["real_time"]
+        ratio = f"{t / us:9.2f}" if t else f"{'-':>9}"
+        print(f"  {kind:<16}{us:10.1f}{b['GB/s']:9.0f}{100 * b['GB/s'] / copy:6.0f}%{ratio}{int(b.get('splits', 0)):7d}")
+print()
 for b in runs:
     if b["name"].startswith("BM_Append"):
-        print(f"{b['name'].replace('/manual_time',''):<40} {b['real_time']:9.1f} us  {b['Mtok/s']:8.2f} Mtok/s")
+        print(f"{b['name'].replace('/manual_time', ''):<40} {b['real_time']:9.1f} us  {b['Mtok/s']:8.2f} Mtok/s")
 PY
 else
   echo "(python3 missing or no benchmark JSON; raw output in $out/bench.txt)"

@@ -6,6 +6,8 @@
 //   BM_DecodeTC<P>    the same through the tensor-core kernel (kernel/decode_mma.cuh)
 //   BM_DecodeFP16<K>  the full-precision baseline of the same design on an fp16 cache
 //                     (16-bit pages: the bytes of a BF16 cache), both kernels
+//   BM_DecodeBF16     the same on a bf16 cache with bf16 queries and outputs (the CUDA-core
+//                     kernel; the tensor-core one serves fp16 pages only)
 //   BM_Append<P>      fused quantize-append of one decode step (batch tokens) and of a
 //                     prefill chunk; tokens/s
 // Shapes: Llama-3-8B-like layer, Hkv = 8, Hq = 32 (GQA 4), head_dim 128, page 64;
@@ -17,11 +19,16 @@
 #include <cstdio>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kvq/cuda/config.cuh"
 #include "kvq/cuda/launch/api.hpp"
 #include "bench_cuda_decode_kvq_instantiations.hpp"
+#include "kvq/cuda/instantiate.cuh"
+
+// The bf16-page baseline (the generated list above instantiates fp16 rows only).
+KVQ_CUDA_INSTANTIATE_DENSE(128, kvq::bfloat16_t)
 
 namespace {
 
@@ -29,7 +36,7 @@ using namespace kvq;
 using kvq::cuda::Stream;
 
 constexpr int kHkv = 8, kGroup = 4, kHq = kHkv * kGroup, kD = 128, kPage = 64;
-using T = half_t;  // queries, outputs, appended rows and the 16-bit baseline pages
+using T = half_t;  // queries, outputs and appended rows of the quantized benchmarks
 
 #define BENCH_CUDA(expr)                                                               \
   do {                                                                                 \
@@ -119,18 +126,19 @@ void BM_Copy(benchmark::State& state) {
 }
 BENCHMARK(BM_Copy)->Arg(1024)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
-// Queries, outputs and split workspace of one decode step.
+// Queries, outputs (of the arguments' activation type) and split workspace of one decode step.
 template <class Args>
 bool setup_decode(Dev& dev, Args& a, int batch, int ctx) {
+  using QT = std::remove_cvref_t<decltype(*a.params.q)>;
   std::vector<std::int32_t> qi(batch + 1);
   for (int b = 0; b <= batch; ++b) qi[b] = b;
   auto* d_qi = dev.alloc<std::int32_t>(qi.size());
-  auto* q = dev.alloc<T>(std::size_t(batch) * kHq * kD);
-  auto* out = dev.alloc<T>(std::size_t(batch) * kHq * kD);
+  auto* q = dev.alloc<QT>(std::size_t(batch) * kHq * kD);
+  auto* out = dev.alloc<QT>(std::size_t(batch) * kHq * kD);
   auto* lse = dev.alloc<float>(std::size_t(batch) * kHq);
   if (!d_qi || !q || !out || !lse) return false;
   cudaMemcpy(d_qi, qi.data(), qi.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemset(q, 0x3C, std::size_t(batch) * kHq * kD * sizeof(T));
+  cudaMemset(q, 0x3C, std::size_t(batch) * kHq * kD * sizeof(QT));
   a.params = {q, d_qi, kHq, nullptr, 0.f, false, out, lse};
   a.total_q = batch;
   a.max_q_per_seq = 1;
@@ -177,17 +185,18 @@ void BM_Decode(benchmark::State& state) {
   set_decode_counters(state, batch, ctx, PageLayout<P>::kBytesPerTokenHead, a.num_splits);
 }
 
-template <cuda::DecodeKernel K>
-void BM_DecodeFP16(benchmark::State& state) {
+// 16-bit pages of type PT, with PT queries and outputs.
+template <ActivationType PT, cuda::DecodeKernel K>
+void BM_Decode16(benchmark::State& state) {
   const int batch = state.range(0), ctx = state.range(1);
   Dev dev;
   Table tab;
   if (!tab.init(dev, batch, ctx)) return state.SkipWithError("allocation failed");
-  const DensePageLayout<T, kD> layout{kPage, kHkv};
+  const DensePageLayout<PT, kD> layout{kPage, kHkv};
   auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
   if (!pool) return state.SkipWithError("cudaMalloc failed (pool)");
   BENCH_CUDA(cudaMemset(pool, 0x3C, layout.page_bytes() * tab.num_pages));
-  cuda::DenseDecodeArgs<T, kD, T, T> a;
+  cuda::DenseDecodeArgs<PT, kD, PT, PT> a;
   a.pool = pool;
   a.num_pages = tab.num_pages;
   a.layout = layout;
@@ -197,7 +206,7 @@ void BM_DecodeFP16(benchmark::State& state) {
   Status st;
   time_loop(state, [&] { (void)(st = cuda::dense_decode_attention(a, nullptr)); });
   if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
-  set_decode_counters(state, batch, ctx, 2 * kD * sizeof(T), a.num_splits);
+  set_decode_counters(state, batch, ctx, 2 * kD * sizeof(PT), a.num_splits);
 }
 
 // Fused quantize-append of `tokens` new tokens (decode step: one per sequence).
@@ -250,8 +259,9 @@ void decode_shapes(benchmark::internal::Benchmark* b) {
       ->UseManualTime()                                                                 \
       ->Unit(benchmark::kMicrosecond);
 KVQ_INSTANTIATIONS(KVQ_BENCH)
-BENCHMARK_TEMPLATE(BM_DecodeFP16, cuda::DecodeKernel::simt)->Name("BM_DecodeFP16")->Apply(decode_shapes);
-BENCHMARK_TEMPLATE(BM_DecodeFP16, cuda::DecodeKernel::tensor_core)->Name("BM_DecodeFP16TC")->Apply(decode_shapes);
+BENCHMARK_TEMPLATE(BM_Decode16, half_t, cuda::DecodeKernel::simt)->Name("BM_DecodeFP16")->Apply(decode_shapes);
+BENCHMARK_TEMPLATE(BM_Decode16, half_t, cuda::DecodeKernel::tensor_core)->Name("BM_DecodeFP16TC")->Apply(decode_shapes);
+BENCHMARK_TEMPLATE(BM_Decode16, bfloat16_t, cuda::DecodeKernel::simt)->Name("BM_DecodeBF16")->Apply(decode_shapes);
 
 }  // namespace
 

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/orthogonal.hpp"
@@ -196,6 +198,73 @@ inline double row_error(const float* a, const float* ref, int n) {
     den += double(ref[i]) * ref[i];
   }
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-3 * std::sqrt(double(n)));
+}
+
+// Unit roundoff of an output type: rounding an fp32 result to T to nearest moves every
+// element by at most this fraction of its magnitude (8, 11 and 24 significand bits), so
+// a row by at most this fraction of its norm.
+template <ActivationType T>
+constexpr double unit_roundoff() {
+  if constexpr (std::is_same_v<T, bfloat16_t>) return 0x1p-8;
+  else if constexpr (std::is_same_v<T, half_t>) return 0x1p-11;
+  else return 0.0;
+}
+
+// Decode outputs of type T against an fp32-output reference of the same attention:
+//   rows the reference leaves empty (LSE −∞): o exactly 0 and LSE −∞;
+//   rows with NaN (a visible NaN logit, a weighted NaN value group): NaN exactly where
+//     the reference has NaN, and an LSE that is NaN exactly when the reference's is;
+//   other rows: LSE within tol (relative, floor 1) and a row error within
+//     tol + u_T·(1 + tol): the fp32 results differ by tol, then one rounding to T
+//     (‖round(x) − x‖ ≤ u_T·‖x‖) — the output type's tolerance follows from its rounding.
+// Returns the number of NaN rows, which tests that poison rows check.
+template <ActivationType T>
+int compare_decode_rows(const std::vector<T>& out, const std::vector<float>& lse, const std::vector<float>& ref,
+                        const std::vector<float>& lse_ref, int D, const std::string& what, double tol) {
+  const double row_tol = tol + unit_roundoff<T>() * (1 + tol);
+  int bad = 0, nan_rows = 0;
+  std::vector<float> a(D);
+  auto fail = [&](const std::string& msg) {
+    if (++bad <= 5) ADD_FAILURE() << what << ": " << msg;
+  };
+  for (std::size_t row = 0; row < lse_ref.size(); ++row) {
+    const float* r = ref.data() + row * D;
+    for (int d = 0; d < D; ++d) a[d] = to_float(out[row * D + d]);
+    const std::string at = "row " + std::to_string(row) + " lse " + std::to_string(lse[row]) + " vs " +
+                           std::to_string(lse_ref[row]);
+    if (std::isinf(lse_ref[row]) && lse_ref[row] < 0) {
+      if (!(lse[row] == lse_ref[row]) || !std::all_of(a.begin(), a.end(), [](float x) { return x == 0.f; }))
+        fail("empty " + at);
+      continue;
+    }
+    if (std::isnan(lse_ref[row]) || std::any_of(r, r + D, [](float x) { return std::isnan(x); })) {
+      ++nan_rows;
+      bool same = std::isnan(lse[row]) == std::isnan(lse_ref[row]);
+      for (int d = 0; d < D; ++d) same = same && std::isnan(a[d]) == std::isnan(r[d]);
+      if (!same) fail("NaN pattern differs, " + at);
+      continue;
+    }
+    const double err = row_error(a.data(), r, D);
+    const double lerr = std::abs(double(lse[row]) - lse_ref[row]) / std::max(1.0, std::abs(double(lse_ref[row])));
+    if (!(err <= row_tol) || !(lerr <= tol))
+      fail(at + " row error " + std::to_string(err) + " (bound " + std::to_string(row_tol) + ")");
+  }
+  EXPECT_EQ(bad, 0) << what;
+  return nan_rows;
+}
+
+// Tokens (sequence, position) whose key or value rows carry a NaN: the group that holds
+// it is stored as NaN (DESIGN §2), so the token's logit or value group is NaN.
+struct NanTokens {
+  std::vector<std::pair<int, int>> keys, values;
+};
+template <ActivationType T>
+void poison_rows(std::vector<T>& rows, const TokenList& tok, int hkv, int D,
+                 const std::vector<std::pair<int, int>>& where) {
+  for (auto [b, p] : where)
+    for (int i = 0; i < tok.size(); ++i)
+      if (tok.batch[i] == b && tok.pos[i] == p)
+        for (int h = 0; h < hkv; ++h) rows[(std::size_t(i) * hkv + h) * D + 3] = from_float<T>(std::nanf(""));
 }
 
 }  // namespace kvq::test

@@ -212,7 +212,7 @@ template <int W, ActivationType T>
 KVQ_FORCE_INLINE FloatVec<W> load_as_float(const T* KVQ_RESTRICT src) {
   FloatVec<W> v;
   if constexpr (std::is_same_v<T, float>) {
-    return load_vec<W>(src);
+    v = load_vec<W>(src);
 #if KVQ_CPU_AVX512  // the maskz forms: GCC 12's plain ones read an uninitialized source (-Wmaybe-uninitialized)
   } else if constexpr (W == 16 && std::is_same_v<T, half_t>) {
     const __m512 x = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));

@@ -487,7 +487,7 @@ __device__ __forceinline__ void write_rows(const KP& a, const RowTile& t, std::b
   const float* l_m = m_m + NW * R;
   for (int rr = w; rr < t.rows; rr += NW) {
     float M = neg_inf_f();
-    for (int ww = 0; ww < NW; ++ww) M = fmaxf(M, m_m[ww * R + rr]);
+    for (int ww = 0; ww < NW; ++ww) M = warp::fmax_nan(M, m_m[ww * R + rr]);
     float L = 0.f, x[E];
 #pragma unroll
     for (int k = 0; k < E; ++k) x[k] = 0.f;
@@ -586,7 +586,7 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
     // Online softmax (log₂ domain); p goes to shared memory for the p·v lanes.
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float m_new = fmaxf(m[r], warp::max(logit[r]));
+      const float m_new = warp::fmax_nan(m[r], warp::max_nan(logit[r]));
       float corr = 1.f, p = 0.f;
       if (m_new != neg_inf_f()) {
         corr = exp2f(m[r] - m_new);
@@ -657,8 +657,8 @@ __global__ void __launch_bounds__(128) split_merge_kernel(KP a) {
   if (item >= rows) return;
   const int h = static_cast<int>(item % hq) / (hq / a.src.num_kv_heads());
   float M = neg_inf_f();
-  for (int s = lane; s < a.num_splits; s += 32) M = fmaxf(M, a.partial_lse[s * rows + item]);
-  M = warp::max(M);
+  for (int s = lane; s < a.num_splits; s += 32) M = warp::fmax_nan(M, a.partial_lse[s * rows + item]);
+  M = warp::max_nan(M);
   float x[E];
 #pragma unroll
   for (int k = 0; k < E; ++k) x[k] = 0.f;

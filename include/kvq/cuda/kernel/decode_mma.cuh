@@ -346,10 +346,9 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
     for (int rh = 0; rh < 2; ++rh) {
       float mx = neg_inf_f();
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rh], s[nt][2 * rh + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(KVQ_FULL_MASK, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(KVQ_FULL_MASK, mx, 2));
-      const float m_new = fmaxf(m[rh], mx);
+      for (int nt = 0; nt < 4; ++nt) mx = warp::fmax_nan(mx, warp::fmax_nan(s[nt][2 * rh], s[nt][2 * rh + 1]));
+      mx = warp::max_nan<4>(mx);
+      const float m_new = warp::fmax_nan(m[rh], mx);
       float corr = 1.f, sum = 0.f;
       if (m_new != neg_inf_f()) {
         corr = exp2f(m[rh] - m_new);
