@@ -253,6 +253,124 @@ int compare_decode_rows(const std::vector<T>& out, const std::vector<float>& lse
   return nan_rows;
 }
 
+// DecodePrecision::fast against fp64 attention over the dequantized cache, in the stored
+// basis (the kernels run with rotated_output, which needs un-centered values): every
+// non-empty row within the bound stated in kvq/cuda/kernel/decode_mma.cuh,
+//   |Δo_d| ≤ u·Σ_t p_t·(ln2·a_t·|ŵ_{t,d} − o_d| + |ŵ_{t,d} − lo_{t,d}|)·2^{2u·max a},
+// u = 2⁻¹¹, in L2 over d, plus 1e-5·‖o‖ for the fp32 parts and one rounding of o to T.
+// key_row / value_row(b, t, h, x, lo) write token t's dequantized stored-basis row and
+// each element's group minimum (0 for 16-bit pages); to_stored(q, h) turns a query row
+// into q·R_K. Returns the largest error/bound ratio (< 1 passes); empty rows must be 0.
+template <int D, ActivationType T, class ToStored, class KeyRow, class ValueRow>
+double check_fast_bound(const PageTableView& table, const std::vector<T>& q, const std::vector<std::int32_t>& q_indptr,
+                        int hq, int hkv, const std::int32_t* causal_offset, ToStored&& to_stored, KeyRow&& key_row,
+                        ValueRow&& value_row, const std::vector<T>& out, const std::string& what) {
+  constexpr double u = 0x1p-11;
+  const int group = hq / hkv;
+  const double tau_log2e = 1.0 / std::sqrt(double(D)) / std::log(2.0);
+  double worst = 0;
+  int bad = 0;
+  std::vector<float> qrow(D), x(D), lo(D);
+  std::vector<double> o(D), logit, code_part, vrow, vcode;  // per visible token (rows: [t][D])
+  for (int b = 0; b < table.batch_size; ++b) {
+    const int len = table.seq_len(b), nq = q_indptr[b + 1] - q_indptr[b];
+    for (int i = 0; i < nq; ++i)
+      for (int j = 0; j < hq; ++j) {
+        const int h = j / group;
+        const std::size_t row = std::size_t(q_indptr[b] + i) * hq + j;
+        for (int d = 0; d < D; ++d) qrow[d] = to_float(q[row * D + d]);
+        to_stored(qrow.data(), h);
+        const long long limit = (causal_offset ? causal_offset[b] : len - nq) + i;
+        const int visible = int(std::min<long long>(len, std::max<long long>(limit + 1, 0)));
+        logit.assign(visible, 0.0), code_part.assign(visible, 0.0);
+        vrow.assign(std::size_t(visible) * D, 0.0), vcode.assign(std::size_t(visible) * D, 0.0);
+        double max_a = 0, m = -INFINITY, l = 0;
+        for (int t = 0; t < visible; ++t) {
+          key_row(b, t, h, x.data(), lo.data());
+          for (int d = 0; d < D; ++d)
+            logit[t] += double(qrow[d]) * x[d], code_part[t] += std::abs(double(qrow[d]) * (x[d] - lo[d]));
+          logit[t] *= tau_log2e, code_part[t] *= tau_log2e;
+          max_a = std::max(max_a, code_part[t]), m = std::max(m, logit[t]);
+          value_row(b, t, h, x.data(), lo.data());
+          for (int d = 0; d < D; ++d) vrow[std::size_t(t) * D + d] = x[d], vcode[std::size_t(t) * D + d] = std::abs(double(x[d]) - lo[d]);
+        }
+        std::fill(o.begin(), o.end(), 0.0);
+        for (int t = 0; t < visible; ++t) {
+          logit[t] = std::exp2(logit[t] - m);  // now the unnormalized weight
+          l += logit[t];
+          for (int d = 0; d < D; ++d) o[d] += logit[t] * vrow[std::size_t(t) * D + d];
+        }
+        double err = 0, norm = 0, bound = 0;
+        for (int d = 0; d < D; ++d) {
+          if (visible) o[d] /= l;
+          double bd = 0;
+          for (int t = 0; t < visible; ++t)
+            bd += logit[t] / l * (std::log(2.0) * code_part[t] * std::abs(vrow[std::size_t(t) * D + d] - o[d]) + vcode[std::size_t(t) * D + d]);
+          const double got = to_float(out[row * D + d]);
+          err += (got - o[d]) * (got - o[d]), norm += o[d] * o[d], bound += bd * bd;
+        }
+        err = std::sqrt(err), norm = std::sqrt(norm);
+        if (visible == 0) {
+          if (!(err == 0) && ++bad <= 5) ADD_FAILURE() << what << ": empty row " << row << " is not 0";
+          continue;
+        }
+        bound = u * std::sqrt(bound) * std::exp2(2 * u * max_a) + (1e-5 + unit_roundoff<T>() * 1.01) * norm + 1e-7;
+        worst = std::max(worst, err / bound);
+        if (!(err <= bound) && ++bad <= 5)
+          ADD_FAILURE() << what << ": row " << row << " error " << err << " > bound " << bound << " (max a " << max_a
+                        << ", |o| " << norm << ")";
+      }
+  }
+  EXPECT_EQ(bad, 0) << what;
+  return worst;
+}
+
+// check_fast_bound for a quantized cache: rows and group minima from the stored codes.
+template <Policy P, ActivationType T>
+double check_fast_bound(const std::byte* pool, const PageLayout<P>& layout, const PageTableView& table,
+                        const std::vector<T>& q, const std::vector<std::int32_t>& q_indptr, int hq,
+                        const std::int32_t* causal_offset, const RotationParams& rot, const std::vector<T>& out,
+                        const std::string& what) {
+  static_assert(!P.value.centered, "stored-basis outputs need un-centered values");
+  constexpr int D = P.head_dim;
+  std::vector<float> scratch(D);
+  auto page = [&](int b, int t) { return pool + layout.page_bytes() * table.page_of(b, t); };
+  auto row = [&]<QuantSpec S>(const std::byte* codes, const std::byte* meta_bytes, float* x, float* lo) {
+    const auto* meta = reinterpret_cast<const meta_storage_t<S.meta>*>(meta_bytes);
+    dequantize_row<S, D>(reinterpret_cast<const std::uint8_t*>(codes), meta, x);
+    for (int d = 0; d < D; ++d) lo[d] = MetaTraits<S.meta>::decode(meta[2 * (d / S.group) + 1]);
+  };
+  return check_fast_bound<D>(
+      table, q, q_indptr, hq, layout.num_kv_heads, causal_offset,
+      [&](float* x, int h) { transform_query<P>(x, h, rot, scratch.data()); },
+      [&](int b, int t, int h, float* x, float* lo) {
+        const int slot = t % table.page_size;
+        row.template operator()<P.key>(layout.key_codes(page(b, t), h, slot), layout.key_meta_bytes(page(b, t), h, slot), x, lo);
+      },
+      [&](int b, int t, int h, float* x, float* lo) {
+        const int slot = t % table.page_size;
+        row.template operator()<P.value>(layout.value_codes(page(b, t), h, slot),
+                                         layout.value_meta_bytes(page(b, t), h, slot), x, lo);
+      },
+      out, what);
+}
+
+// check_fast_bound for 16-bit pages (lo = 0, no rotation).
+template <ActivationType PT, int D, ActivationType T>
+double check_fast_bound(const std::byte* pool, const DensePageLayout<PT, D>& layout, const PageTableView& table,
+                        const std::vector<T>& q, const std::vector<std::int32_t>& q_indptr, int hq,
+                        const std::int32_t* causal_offset, const std::vector<T>& out, const std::string& what) {
+  auto copy = [](const PT* r, float* x, float* lo) {
+    for (int d = 0; d < D; ++d) x[d] = to_float(r[d]), lo[d] = 0.f;
+  };
+  auto page = [&](int b, int t) { return pool + layout.page_bytes() * table.page_of(b, t); };
+  return check_fast_bound<D>(
+      table, q, q_indptr, hq, layout.num_kv_heads, causal_offset, [](float*, int) {},
+      [&](int b, int t, int h, float* x, float* lo) { copy(layout.key_row(page(b, t), h, t % table.page_size), x, lo); },
+      [&](int b, int t, int h, float* x, float* lo) { copy(layout.value_row(page(b, t), h, t % table.page_size), x, lo); },
+      out, what);
+}
+
 // Tokens (sequence, position) whose key or value rows carry a NaN: the group that holds
 // it is stored as NaN (DESIGN §2), so the token's logit or value group is NaN.
 struct NanTokens {

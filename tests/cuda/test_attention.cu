@@ -2,7 +2,9 @@
 // reference's fp32 output: every output row within 1e-3 relative plus one rounding to the
 // output type, LSE within 1e-3, rows that see no key exactly o = 0 and lse = −∞, rows
 // that see a NaN logit NaN (compare_decode_rows), and every output element written
-// (outputs start poisoned with NaN). Covers GQA 1/4/8, page sizes
+// (outputs start poisoned with NaN). The tensor-core kernel runs both precisions: `exact`
+// against that reference, `fast` against fp64 attention in the stored basis within the
+// bound of kernel/decode_mma.cuh (check_fast_bound). Covers GQA 1/4/8, page sizes
 // 16–256, ragged and empty sequences, several causal query tokens, explicit causal
 // offsets, split counts 1–8 and the rotated-basis output; each policy through both the
 // CUDA-core and (where it applies) the tensor-core kernel.
@@ -70,7 +72,8 @@ Queries queries_for(const DecodeCase& c) {
 
 template <Policy P, ActivationType T>
 void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel kernel = cuda::DecodeKernel::automatic,
-                  const NanTokens& nan = {}, int* nan_rows = nullptr) {
+                  const NanTokens& nan = {}, int* nan_rows = nullptr,
+                  cuda::DecodePrecision precision = cuda::DecodePrecision::exact) {
   constexpr int D = P.head_dim;
   if (c.rotated && P.value.centered) return;
   const RaggedTable tab = make_table(c.lens, c.page_size, seed);
@@ -108,17 +111,25 @@ void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel ke
   cuda::DecodeArgs<P, T, T> a;
   a.cache = {dpool.get(), tab.num_pages, layout};
   a.table = dt.view();
-  a.params = {dq.get(), dqi.get(), hq, c.explicit_offset ? doff.get() : nullptr, 0.f, c.rotated, dout.get(), dlse.get()};
+  const bool fast = precision == cuda::DecodePrecision::fast;  // checked in the stored basis
+  a.params = {dq.get(), dqi.get(), hq, c.explicit_offset ? doff.get() : nullptr, 0.f, c.rotated || fast, dout.get(), dlse.get()};
   a.rotation = rot.device();
   a.total_q = qs.total;
   a.max_q_per_seq = qs.max_q;
   a.num_splits = c.splits;
   a.kernel = kernel;
+  a.precision = precision;
   DeviceBuffer<std::byte> ws(cuda::decode_workspace_bytes(a));
   a.workspace = ws.get();
   a.workspace_bytes = ws.size();
   KVQ_EXPECT_OK(cuda::decode_attention(a, nullptr));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (fast) {
+    if constexpr (!P.value.centered)
+      check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, c.explicit_offset ? off.data() : nullptr,
+                       rot.host(), dout.download(), "fast tensor-core, splits " + std::to_string(c.splits));
+    return;
+  }
   const int nans = compare_decode_rows(dout.download(), dlse.download(), out_ref, lse_ref, D,
                                        std::string(kernel == cuda::DecodeKernel::tensor_core ? "tensor-core " : "") +
                                            "hkv " + std::to_string(c.hkv) + " g " + std::to_string(c.group) + " P " +
@@ -129,7 +140,8 @@ void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel ke
 
 template <ActivationType T, int D>
 void check_dense_decode(const DecodeCase& c, std::uint32_t seed,
-                        cuda::DecodeKernel kernel = cuda::DecodeKernel::automatic) {
+                        cuda::DecodeKernel kernel = cuda::DecodeKernel::automatic,
+                        cuda::DecodePrecision precision = cuda::DecodePrecision::exact) {
   const RaggedTable tab = make_table(c.lens, c.page_size, seed);
   const DensePageLayout<T, D> layout{c.page_size, c.hkv};
   std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0});
@@ -170,11 +182,17 @@ void check_dense_decode(const DecodeCase& c, std::uint32_t seed,
   a.max_q_per_seq = qs.max_q;
   a.num_splits = c.splits;
   a.kernel = kernel;
+  a.precision = precision;
   DeviceBuffer<std::byte> ws(cuda::decode_workspace_bytes(a));
   a.workspace = ws.get();
   a.workspace_bytes = ws.size();
   KVQ_EXPECT_OK(cuda::dense_decode_attention(a, nullptr));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (precision == cuda::DecodePrecision::fast) {
+    check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, c.explicit_offset ? off.data() : nullptr,
+                     dout.download(), "fast tensor-core dense, splits " + std::to_string(c.splits));
+    return;
+  }
   compare_decode_rows(dout.download(), dlse.download(), out_ref, lse_ref, D,
                       kernel == cuda::DecodeKernel::tensor_core ? "tensor-core dense" : "dense", kDeviceTolerance);
 }
@@ -221,6 +239,11 @@ bool tensor_cores_present() {
     } else {                                                                                         \
       std::uint32_t seed = 100;                                                                      \
       for (const auto& c : cases()) check_decode<POLICY, T>(c, seed++, cuda::DecodeKernel::tensor_core); \
+      seed = 100;                                                                                    \
+      if constexpr (!POLICY.value.centered)                                                          \
+        for (const auto& c : cases())                                                                \
+          check_decode<POLICY, T>(c, seed++, cuda::DecodeKernel::tensor_core, {}, nullptr,           \
+                                  cuda::DecodePrecision::fast);                                      \
     }                                                                                                \
   }
 KVQ_INSTANTIATIONS(KVQ_DECODE_TESTS)
@@ -240,6 +263,10 @@ KVQ_INSTANTIATIONS(KVQ_DECODE_TESTS)
       std::uint32_t seed = 200;                                          \
       for (const auto& c : cases())                                      \
         check_dense_decode<T, D>(c, seed++, cuda::DecodeKernel::tensor_core); \
+      seed = 200;                                                        \
+      for (const auto& c : cases())                                      \
+        check_dense_decode<T, D>(c, seed++, cuda::DecodeKernel::tensor_core, \
+                                 cuda::DecodePrecision::fast);           \
     }                                                                    \
   }                                                                      \
   TEST(CudaMergeStates, ID) {                                            \

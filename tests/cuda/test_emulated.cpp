@@ -17,6 +17,7 @@ namespace {
 using namespace kvq;
 using namespace kvq::test;
 namespace kern = kvq::cuda::kernel;
+constexpr auto kTensorCore = cuda::DecodeKernel::tensor_core;
 
 dim3 to_dim3(cuda::Dim3 d) { return dim3(d.x, d.y, d.z); }
 
@@ -27,7 +28,7 @@ void emu_rows(void (*k)(Args), const Args& a, long long items) {
 }
 
 template <class KP>
-void emu_decode(const KP& kp, const cuda::DecodePlan& plan) {
+void emu_decode(const KP& kp, const cuda::DecodePlan& plan, cuda::DecodePrecision precision) {
   using Src = typename KP::source_type;
   auto run = [&]<int R>() {
     using Cfg = kern::DecodeConfig<Src, R>;
@@ -40,16 +41,22 @@ void emu_decode(const KP& kp, const cuda::DecodePlan& plan) {
       using Cfg = kern::MmaDecodeConfig<Src>;
       ASSERT_LE(Cfg::smem.total(), sizeof(kern::kvq_decode_smem));
       std::memset(kern::kvq_decode_smem, 0xFF, Cfg::smem.total());
-      kvq_emu::launch(to_dim3(plan.grid), dim3(Cfg::NW * 32), [&] { kern::decode_mma_kernel<KP>(kp); });
+      kvq_emu::launch(to_dim3(plan.grid), dim3(Cfg::NW * 32), [&] {
+        if (precision == cuda::DecodePrecision::exact) kern::decode_mma_kernel<KP, cuda::DecodePrecision::exact>(kp);
+        else kern::decode_mma_kernel<KP, cuda::DecodePrecision::fast>(kp);
+      });
     }
   }
+  // The CUDA-core kernel only when the plan chose it (the tensor-core plan has 16 rows,
+  // so testing plan.rows alone would run it as well and overwrite the output).
   constexpr int cap = cuda::max_rows_per_cta(Src::D);
-  if (plan.kernel == cuda::DecodeKernel::tensor_core) {
-  } else if (plan.rows == 4) run.template operator()<4>();
-  if constexpr (cap >= 8)
-    if (plan.rows == 8) run.template operator()<8>();
-  if constexpr (cap >= 16)
-    if (plan.rows == 16) run.template operator()<16>();
+  if (plan.kernel != cuda::DecodeKernel::tensor_core) {
+    if (plan.rows == 4) run.template operator()<4>();
+    if constexpr (cap >= 8)
+      if (plan.rows == 8) run.template operator()<8>();
+    if constexpr (cap >= 16)
+      if (plan.rows == 16) run.template operator()<16>();
+  }
   if (kp.num_splits > 1)
     kvq_emu::launch(to_dim3(plan.merge_grid), dim3(plan.merge_block), [&] { kern::split_merge_kernel<KP>(kp); });
 }
@@ -153,9 +160,20 @@ QueryRun queries(const Case& c) {
   return q;
 }
 
+// How a decode check runs: the kernel and its precision; `exact` results are compared
+// with the CPU reference within tol (plus output rounding), `fast` ones with fp64
+// attention in the stored basis within the bound of kernel/decode_mma.cuh.
+struct Run {
+  cuda::DecodeKernel kernel = cuda::DecodeKernel::automatic;
+  cuda::DecodePrecision precision = cuda::DecodePrecision::exact;
+  double tol = 1e-5;
+  NanTokens nan{};
+  int* nan_rows = nullptr;        // out: rows the reference has NaN in
+  double* bound_ratio = nullptr;  // out (fast): the largest error / bound
+};
+
 template <Policy P, ActivationType T>
-void check_decode(const Case& c, std::uint32_t seed, cuda::DecodeKernel kernel = cuda::DecodeKernel::automatic,
-                  double tol = 1e-5, const NanTokens& nan = {}, int* nan_rows = nullptr) {
+void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
   constexpr int D = P.head_dim;
   if (c.rotated && P.value.centered) return;
   const RaggedTable tab = make_table(c.lens, c.page_size, seed);
@@ -164,8 +182,8 @@ void check_decode(const Case& c, std::uint32_t seed, cuda::DecodeKernel kernel =
   const TokenList tok = all_tokens(tab, seed + 1);
   auto keys = convert<T>(outlier_channels(tok.size(), c.hkv, D, seed + 2));
   auto values = convert<T>(random_normal(std::size_t(tok.size()) * c.hkv * D, seed + 3, 1.5f));
-  poison_rows(keys, tok, c.hkv, D, nan.keys);
-  poison_rows(values, tok, c.hkv, D, nan.values);
+  poison_rows(keys, tok, c.hkv, D, run.nan.keys);
+  poison_rows(values, tok, c.hkv, D, run.nan.values);
   Rotations rot;
   make_rotations_host<P>(rot, c.hkv, seed + 4);
   ASSERT_TRUE((append_kv<P, T>(PagedCacheView<P>{pool.data(), tab.num_pages, layout}, tab.host(), keys.data(),
@@ -186,30 +204,41 @@ void check_decode(const Case& c, std::uint32_t seed, cuda::DecodeKernel kernel =
   cuda::DecodeArgs<P, T, T> a;
   a.cache = {pool.data(), tab.num_pages, layout};
   a.table = tab.host();
-  a.params = {q.data(), qs.indptr.data(), hq, off, 0.f, c.rotated, out.data(), lse.data()};
+  const bool fast = run.precision == cuda::DecodePrecision::fast;
+  a.params = {q.data(), qs.indptr.data(), hq, off, 0.f, c.rotated || fast, out.data(), lse.data()};
   a.rotation = rot.host();
   a.total_q = qs.total;
   a.max_q_per_seq = qs.max_q;
   a.num_splits = c.splits;
-  a.kernel = kernel;
+  a.kernel = run.kernel;
+  a.precision = run.precision;
   std::vector<uint4> ws((cuda::decode_workspace_bytes(a) + 15) / 16 + 16);
   a.workspace = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 255) & ~std::uintptr_t{255});
   a.workspace_bytes = cuda::decode_workspace_bytes(a);
   cuda::DecodePlan plan;
   ASSERT_TRUE(cuda::validate(a, plan).ok()) << cuda::validate(a, plan).to_string();
-  ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, kernel == cuda::DecodeKernel::tensor_core);
+  ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, run.kernel == cuda::DecodeKernel::tensor_core);
   const kern::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
   emu_decode(kern::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles, a.total_q,
                                       a.workspace, nullptr),
-             plan);
-  const int nans = compare_decode_rows(out, lse, ref, lse_ref, D,
-                                       kernel == cuda::DecodeKernel::tensor_core ? "tensor-core decode" : "quantized decode", tol);
-  if (nan_rows) *nan_rows = nans;
+             plan, run.precision);
+  const std::string what = run.kernel == cuda::DecodeKernel::tensor_core ? "tensor-core decode" : "quantized decode";
+  if (fast) {
+    if constexpr (P.value.centered) {
+      ADD_FAILURE() << "the fast-mode check compares stored-basis outputs: it needs un-centered values";
+    } else {
+      const double ratio = check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, off, rot.host(), out,
+                                            "fast " + what);
+      if (run.bound_ratio) *run.bound_ratio = std::max(*run.bound_ratio, ratio);
+    }
+    return;
+  }
+  const int nans = compare_decode_rows(out, lse, ref, lse_ref, D, what, run.tol);
+  if (run.nan_rows) *run.nan_rows = nans;
 }
 
 template <ActivationType T, int D>
-void check_dense(const Case& c, std::uint32_t seed, cuda::DecodeKernel kernel = cuda::DecodeKernel::automatic,
-                 double tol = 1e-5) {
+void check_dense(const Case& c, std::uint32_t seed, const Run& run = {}) {
   const RaggedTable tab = make_table(c.lens, c.page_size, seed);
   const DensePageLayout<T, D> layout{c.page_size, c.hkv};
   std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0});
@@ -242,19 +271,25 @@ void check_dense(const Case& c, std::uint32_t seed, cuda::DecodeKernel kernel = 
   a.total_q = qs.total;
   a.max_q_per_seq = qs.max_q;
   a.num_splits = c.splits;
-  a.kernel = kernel;
+  a.kernel = run.kernel;
+  a.precision = run.precision;
   std::vector<uint4> ws((cuda::decode_workspace_bytes(a) + 15) / 16 + 16);
   a.workspace = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 255) & ~std::uintptr_t{255});
   a.workspace_bytes = cuda::decode_workspace_bytes(a);
   cuda::DecodePlan plan;
   ASSERT_TRUE(cuda::validate(a, plan).ok());
-  ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, kernel == cuda::DecodeKernel::tensor_core);
+  ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, run.kernel == cuda::DecodeKernel::tensor_core);
   const kern::DenseSource<T, D> src{a.pool, a.num_pages, a.layout};
   emu_decode(kern::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan.row_tiles,
                                       a.total_q, a.workspace, nullptr),
-             plan);
-  compare_decode_rows(out, lse, ref, lse_ref, D,
-                      kernel == cuda::DecodeKernel::tensor_core ? "tensor-core dense decode" : "dense decode", tol);
+             plan, run.precision);
+  const std::string what = run.kernel == cuda::DecodeKernel::tensor_core ? "tensor-core dense decode" : "dense decode";
+  if (run.precision == cuda::DecodePrecision::fast) {
+    const double ratio = check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, off, out, "fast " + what);
+    if (run.bound_ratio) *run.bound_ratio = std::max(*run.bound_ratio, ratio);
+    return;
+  }
+  compare_decode_rows(out, lse, ref, lse_ref, D, what, run.tol);
 }
 
 const std::vector<Case>& cases() {
@@ -381,12 +416,12 @@ TEST(CudaEmulated, Decode_K8V4_H_d256_bf16) {
 TEST(CudaEmulated, DecodeTensorCore_K4V2_HC_d128_half) {
   std::uint32_t seed = 60;
   for (const auto& c : cases())
-    check_decode<presets::K4V2_HC.with_head_dim(128), half_t>(c, seed++, cuda::DecodeKernel::tensor_core);
+    check_decode<presets::K4V2_HC.with_head_dim(128), half_t>(c, seed++, {.kernel = kTensorCore});
 }
 TEST(CudaEmulated, DecodeTensorCore_K2V2_R_d64_float) {
   std::uint32_t seed = 70;
   for (std::size_t i = 3; i < cases().size(); ++i)
-    check_decode<presets::K2V2_R.with_head_dim(64), float>(cases()[i], seed++, cuda::DecodeKernel::tensor_core);
+    check_decode<presets::K2V2_R.with_head_dim(64), float>(cases()[i], seed++, {.kernel = kTensorCore});
 }
 TEST(CudaEmulated, DecodeTensorCore_K8V4_H_d64_bf16) {
   constexpr Policy P = [] {
@@ -398,7 +433,7 @@ TEST(CudaEmulated, DecodeTensorCore_K8V4_H_d64_bf16) {
   }();
   std::uint32_t seed = 80;
   for (std::size_t i = 3; i < cases().size(); ++i)
-    check_decode<P, bfloat16_t>(cases()[i], seed++, cuda::DecodeKernel::tensor_core);
+    check_decode<P, bfloat16_t>(cases()[i], seed++, {.kernel = kTensorCore});
 }
 // A NaN logit (a key group stored as NaN) poisons exactly the rows that see it, as on the
 // CPU: output and LSE NaN, also when it is the only visible logit of its tile and split
@@ -416,9 +451,30 @@ TEST(CudaEmulated, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
     for (const auto kernel : {cuda::DecodeKernel::simt, cuda::DecodeKernel::tensor_core}) {
       const Case c{1, 4, 16, {1, 40, 70, 50}, {1, 2, 1, 2}, splits, false, false};
       int nan_rows = 0;
-      check_decode<P, half_t>(c, 95, kernel, 1e-5, nan, &nan_rows);
+      check_decode<P, half_t>(c, 95, {.kernel = kernel, .nan = nan, .nan_rows = &nan_rows});
       EXPECT_EQ(nan_rows, 4 * 3) << "splits " << splits;  // 4 query heads × (seq 0, seq 1's second, seq 3's second)
     }
+}
+// DecodePrecision::fast (one fp16 operand per product) stays within the bound stated in
+// kernel/decode_mma.cuh against fp64 attention over the dequantized cache: quantized
+// pages (fp16 and fp32 outputs, d 128 and 64, one to several rows, tiles and splits) and
+// fp16 pages. The largest error/bound ratio is printed: a bound loose by orders of
+// magnitude would show there.
+TEST(CudaEmulated, DecodeTensorCoreFastWithinItsStatedBound) {
+  constexpr auto kFast = cuda::DecodePrecision::fast;
+  double ratio[3] = {};
+  std::uint32_t seed = 110;
+  for (const auto& c : cases())
+    check_decode<presets::K4V2_HC.with_head_dim(128), half_t>(c, seed++,
+                                                              {.kernel = kTensorCore, .precision = kFast, .bound_ratio = &ratio[0]});
+  for (std::size_t i = 3; i < cases().size(); ++i)
+    check_decode<presets::K2V2_R.with_head_dim(64), float>(cases()[i], seed++,
+                                                           {.kernel = kTensorCore, .precision = kFast, .bound_ratio = &ratio[1]});
+  for (std::size_t i = 3; i < cases().size(); ++i)
+    check_dense<half_t, 64>(cases()[i], seed++, {.kernel = kTensorCore, .precision = kFast, .bound_ratio = &ratio[2]});
+  std::printf("fast tensor-core decode, largest error / stated bound: K4V2_HC half %.3g, K2V2_R float %.3g, "
+              "fp16 pages %.3g\n", ratio[0], ratio[1], ratio[2]);
+  for (double r : ratio) EXPECT_GT(r, 0.0);  // the bound was evaluated on rows with rounding error
 }
 TEST(CudaEmulated, DenseDecode_half_d128) {
   std::uint32_t seed = 40;
@@ -432,7 +488,7 @@ TEST(CudaEmulated, DenseDecode_float_d64) {
 TEST(CudaEmulated, DenseDecodeTensorCore_half_d64) {
   std::uint32_t seed = 90;
   for (std::size_t i = 3; i < cases().size(); ++i)
-    check_dense<half_t, 64>(cases()[i], seed++, cuda::DecodeKernel::tensor_core);
+    check_dense<half_t, 64>(cases()[i], seed++, {.kernel = kTensorCore});
 }
 TEST(CudaEmulated, MergeStates) {
   constexpr int rows = 9, D = 64;

@@ -16,10 +16,24 @@
 //        P never leaves registers; P ⊙ s_v (per token and value group) is split into fp16
 //        hi + lo, B = value codes unpacked exactly; Σ p·lo_v is a per-row scalar per group.
 //        (fp16 pages: A = P, B = V as stored.)
-// The hi/lo splits make every product fp32-accurate (relative error about 2⁻²²), so the
-// result matches the CPU reference as closely as the CUDA-core kernel does. Both fp16
-// operands are scaled by powers of two (Q' per CTA, p·s_v per tile) so that their halves
-// neither overflow nor lose bits to fp16 subnormals.
+// Precision (DecodePrecision, kvq/cuda/traits/tensor_core.hpp). `exact`: the hi/lo
+// splits make every product fp32-accurate (relative error about 2⁻²²), so the result
+// matches the CPU reference as closely as the CUDA-core kernel does. `fast`: only the hi
+// halves, i.e. Q' and p·s_v (P for fp16 pages) rounded to fp16 once (unit roundoff
+// u = 2⁻¹¹). Both fp16 operands are scaled by powers of two (Q' per CTA, p·s_v per tile)
+// so that they neither overflow nor lose bits to fp16 subnormals.
+//
+// Error of `fast` against exact attention over K̂, V̂, per output element d of a row, to
+// first order in u (the test adds the factor 2^{2u·max a} for the rest, and fp32 rounding):
+//   |Δo_d| ≤ u·Σ_t p_t·(ln2·a_t·|ŵ_{t,d} − o_d| + |s_{v,t}·c_{t,d}|)
+//   a_t = Σ_i |q'_i·s_{g(i),t}·c_{t,i}|   the code part of token t's logit, log₂ units
+//         (q' = τ·log₂e·q·R_K; fp16 pages: Σ_i |q'_i·k_{t,i}|, and the last term |v_{t,d}|)
+// with t over the row's visible tokens, p the exact weights, ŵ_t the stored-basis value
+// row and o the stored-basis output (R_V is orthogonal: the error's L2 norm is the same in
+// the original basis). Why: rounding Q' moves logit t by at most u·a_t, which moves the
+// output by ln2·Σ_t p_t·Δs_t·(ŵ_t − o); rounding p·s_v moves each value code term by at
+// most u of itself. tests/cuda/test_emulated.cpp checks it against fp64 attention over
+// the dequantized cache.
 //
 // Served cache types: kTensorCoreDecode<P> / kTensorCoreDenseDecode<T, D> (launch/api.hpp).
 // Registers per lane: O 4·D/8 + S 16 + group accumulator 16.
@@ -79,6 +93,7 @@ struct MmaOps<QuantSource<P>> {
   }
 
   // S = Σ_groups s_g ⊙ (Q'_g·C_gᵀ)·2^qexp + lo_g·Σq'_g; qf_s: Q' fragments [KS][hi, lo][32].
+  template <bool kExact>
   __device__ static void logits(const std::byte* kc, const std::byte* km, const uint4* qf_s, const float* qsum_s,
                                 float qup, float (&s)[4][4]) {
     constexpr int KSG = Src::GK / 16;  // k-steps per key group
@@ -90,7 +105,7 @@ struct MmaOps<QuantSource<P>> {
       for (int nt = 0; nt < 4; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll
       for (int ks = kg * KSG; ks < (kg + 1) * KSG; ++ks) {
-        const uint4 qh = qf_s[(ks * 2) * 32 + lane], ql = qf_s[(ks * 2 + 1) * 32 + lane];
+        const uint4 qh = qf_s[(ks * 2) * 32 + lane], ql = kExact ? qf_s[(ks * 2 + 1) * 32 + lane] : uint4{};
         const unsigned ah[4] = {qh.x, qh.y, qh.z, qh.w}, al[4] = {ql.x, ql.y, ql.z, ql.w};
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
@@ -98,7 +113,7 @@ struct MmaOps<QuantSource<P>> {
           const unsigned b[2] = {key_code_pair<P.key.bits>(kc, tok, ks * 16 + 2 * tq),
                                  key_code_pair<P.key.bits>(kc, tok, ks * 16 + 2 * tq + 8)};
           warp::mma_16816(acc[nt], ah, b);
-          warp::mma_16816(acc[nt], al, b);
+          if constexpr (kExact) warp::mma_16816(acc[nt], al, b);
         }
       }
       const float qs0 = qsum_s[g * NK + kg], qs1 = qsum_s[(g + 8) * NK + kg];
@@ -115,6 +130,7 @@ struct MmaOps<QuantSource<P>> {
   }
 
   // O += (P ⊙ s_v·2^e)·C_v, olo += P·lo_v.
+  template <bool kExact>
   __device__ static void values(const std::byte* vc, const std::byte* vm, unsigned /*valid*/, const float (&s)[4][4],
                                 float xscale, float (&o)[D / 8][4], float (&olo)[2][NV]) {
     constexpr int NDG = P.value.group / 8;  // value n-tiles per value group
@@ -152,7 +168,7 @@ struct MmaOps<QuantSource<P>> {
               warp::codes_to_half2(row_code<P.value.bits>(vc + std::size_t(tk[2]) * Src::vcb, dim),
                                    row_code<P.value.bits>(vc + std::size_t(tk[3]) * Src::vcb, dim))};
           warp::mma_16816(o[nd], ah, b);
-          warp::mma_16816(o[nd], al, b);
+          if constexpr (kExact) warp::mma_16816(o[nd], al, b);
         }
       }
     }
@@ -169,6 +185,7 @@ struct MmaOps<DenseSource<half_t, HD>> {
 
   __device__ static float value_scale(const std::byte*, int) { return 1.f; }
 
+  template <bool kExact>
   __device__ static void logits(const std::byte* kc, const std::byte*, const uint4* qf_s, const float*, float qup,
                                 float (&s)[4][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -177,7 +194,7 @@ struct MmaOps<DenseSource<half_t, HD>> {
     for (int nt = 0; nt < 4; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      const uint4 qh = qf_s[(ks * 2) * 32 + lane], ql = qf_s[(ks * 2 + 1) * 32 + lane];
+      const uint4 qh = qf_s[(ks * 2) * 32 + lane], ql = kExact ? qf_s[(ks * 2 + 1) * 32 + lane] : uint4{};
       const unsigned ah[4] = {qh.x, qh.y, qh.z, qh.w}, al[4] = {ql.x, ql.y, ql.z, ql.w};
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
@@ -186,7 +203,7 @@ struct MmaOps<DenseSource<half_t, HD>> {
         const unsigned b[2] = {reinterpret_cast<const unsigned*>(kc + (std::size_t(2 * ks) * 32 + tok) * 16)[tq],
                                reinterpret_cast<const unsigned*>(kc + (std::size_t(2 * ks + 1) * 32 + tok) * 16)[tq]};
         warp::mma_16816(acc[nt], ah, b);
-        warp::mma_16816(acc[nt], al, b);
+        if constexpr (kExact) warp::mma_16816(acc[nt], al, b);
       }
     }
 #pragma unroll
@@ -196,6 +213,7 @@ struct MmaOps<DenseSource<half_t, HD>> {
   }
 
   // O += (P·2^e)·V; tokens not loaded in this tile read as zero (their rows are stale).
+  template <bool kExact>
   __device__ static void values(const std::byte* vc, const std::byte*, unsigned valid, const float (&s)[4][4],
                                 float xscale, float (&o)[D / 8][4], float (&)[2][NV]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -220,7 +238,7 @@ struct MmaOps<DenseSource<half_t, HD>> {
         auto v = [&](int k) -> unsigned { return ok[k] ? row[k][dim] : 0u; };
         const unsigned b[2] = {v(0) | (v(1) << 16), v(2) | (v(3) << 16)};
         warp::mma_16816(o[nd], ah, b);
-        warp::mma_16816(o[nd], al, b);
+        if constexpr (kExact) warp::mma_16816(o[nd], al, b);
       }
     }
   }
@@ -239,8 +257,9 @@ struct MmaDecodeConfig {
 };
 
 // KP = DecodeKernelParams<Src, QT, OT> with MmaOps<Src>::kOk.
-template <class KP>
+template <class KP, DecodePrecision kPrecision>
 __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW * 32) decode_mma_kernel(KP a) {
+  constexpr bool kExact = kPrecision == DecodePrecision::exact;
   using Src = typename KP::source_type;
   using Cfg = MmaDecodeConfig<Src>;
   using Ops = MmaOps<Src>;
@@ -322,7 +341,7 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
     float s[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-    Ops::logits(kc, km, qf_s, qsum_s, qup, s);
+    Ops::template logits<kExact>(kc, km, qf_s, qsum_s, qup, s);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -372,7 +391,7 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
     }
 
     // p·v over two k-steps of 16 tokens.
-    Ops::values(vc, vm, valid_cur, s, xscale, o, olo);
+    Ops::template values<kExact>(vc, vm, valid_cur, s, xscale, o, olo);
     __syncwarp();
     cur ^= 1;
     valid_cur = valid_next;

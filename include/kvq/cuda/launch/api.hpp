@@ -105,6 +105,9 @@ struct RotateArgs {
 //   kernel        : simt or tensor_core (see DecodeKernel in plan.hpp); asking for
 //                   tensor_core where kTensorCoreOk is false returns `unsupported`
 //                   (which caches have one: kvq/cuda/traits/tensor_core.hpp)
+//   precision     : operands of the tensor-core kernel, fast (default: fp16, the error
+//                   class of fp16 SDPA, bound in kernel/decode_mma.cuh) or exact (hi/lo
+//                   split, fp32-like); the CUDA-core kernel is fp32 either way
 template <Policy P, ActivationType QT, ActivationType OT>
 struct DecodeArgs {
   ConstPagedCacheView<P> cache{};
@@ -118,6 +121,7 @@ struct DecodeArgs {
   std::size_t workspace_bytes = 0;
   unsigned* error_flags = nullptr;
   DecodeKernel kernel = DecodeKernel::automatic;
+  DecodePrecision precision = DecodePrecision::fast;
 
   static constexpr bool kTensorCoreOk = kTensorCoreDecode<P>;
 
@@ -142,6 +146,7 @@ struct DenseDecodeArgs {
   std::size_t workspace_bytes = 0;
   unsigned* error_flags = nullptr;
   DecodeKernel kernel = DecodeKernel::automatic;
+  DecodePrecision precision = DecodePrecision::fast;  // as in DecodeArgs
 
   static constexpr bool kTensorCoreOk = kTensorCoreDenseDecode<T, D>;
 

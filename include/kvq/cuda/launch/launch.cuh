@@ -42,10 +42,14 @@ Status launch_decode_rows(const kernel::DecodeKernelParams<Src, QT, OT>& kp, con
 }
 
 template <class Src, ActivationType QT, ActivationType OT>
-Status launch_decode_mma(const kernel::DecodeKernelParams<Src, QT, OT>& kp, const DecodePlan& plan, Stream stream) {
+Status launch_decode_mma(const kernel::DecodeKernelParams<Src, QT, OT>& kp, const DecodePlan& plan,
+                         DecodePrecision precision, Stream stream) {
+  using KP = kernel::DecodeKernelParams<Src, QT, OT>;
   using Cfg = kernel::MmaDecodeConfig<Src>;
-  return launch_decode_kernel(&kernel::decode_mma_kernel<kernel::DecodeKernelParams<Src, QT, OT>>, Cfg::NW * 32,
-                              Cfg::smem.total(), kp, plan, stream);
+  return launch_decode_kernel(precision == DecodePrecision::exact
+                                  ? &kernel::decode_mma_kernel<KP, DecodePrecision::exact>
+                                  : &kernel::decode_mma_kernel<KP, DecodePrecision::fast>,
+                              Cfg::NW * 32, Cfg::smem.total(), kp, plan, stream);
 }
 
 // Picks the kernel for plan.rows; only row counts allowed at this head_dim exist.
@@ -106,7 +110,7 @@ Status decode_attention(const DecodeArgs<P, QT, OT>& a, Stream stream) {
   const auto kp = kernel::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles,
                                              a.total_q, a.workspace, a.error_flags);
   if constexpr (DecodeArgs<P, QT, OT>::kTensorCoreOk) {
-    if (plan.kernel == DecodeKernel::tensor_core) return detail::launch_decode_mma(kp, plan, stream);
+    if (plan.kernel == DecodeKernel::tensor_core) return detail::launch_decode_mma(kp, plan, a.precision, stream);
   }
   return detail::launch_decode(kp, plan, stream);
 }
@@ -120,7 +124,7 @@ Status dense_decode_attention(const DenseDecodeArgs<T, D, QT, OT>& a, Stream str
   const auto kp = kernel::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits,
                                              plan.row_tiles, a.total_q, a.workspace, a.error_flags);
   if constexpr (DenseDecodeArgs<T, D, QT, OT>::kTensorCoreOk) {
-    if (plan.kernel == DecodeKernel::tensor_core) return detail::launch_decode_mma(kp, plan, stream);
+    if (plan.kernel == DecodeKernel::tensor_core) return detail::launch_decode_mma(kp, plan, a.precision, stream);
   }
   return detail::launch_decode(kp, plan, stream);
 }

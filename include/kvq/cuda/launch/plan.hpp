@@ -36,10 +36,10 @@ inline constexpr int choose_rows_per_cta(int head_dim, int group, int max_q_per_
 
 // Which decode kernel runs the q·k and p·v products.
 //   simt        : fp32 CUDA cores, one token per lane (every policy, head_dim, metadata type)
-//   tensor_core : mma.sync m16n8k16 on fp16 fragments, codes unpacked exactly and the
-//                 fp32 operands split into two fp16 halves (kernel/decode_mma.cuh); for
-//                 quantized caches with fp16 metadata and fp16 caches, head_dim 64 or
-//                 128, sm_80+
+//   tensor_core : mma.sync m16n8k16 on fp16 fragments, codes unpacked exactly, the fp32
+//                 operands rounded to fp16 or split into two halves (DecodePrecision,
+//                 kernel/decode_mma.cuh); for quantized caches with fp16 metadata and fp16
+//                 caches, head_dim 64 or 128, sm_80+
 //   automatic   : simt, until the tensor-core kernel has been measured on hardware
 enum class DecodeKernel { automatic, simt, tensor_core };
 

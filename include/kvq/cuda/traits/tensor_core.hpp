@@ -18,4 +18,11 @@ inline constexpr bool kTensorCoreDecode =
 template <ActivationType T, int D>
 inline constexpr bool kTensorCoreDenseDecode = std::is_same_v<T, half_t> && (D == 64 || D == 128);
 
+// Operand precision of the tensor-core kernel (the CUDA-core kernel is fp32 throughout).
+//   fast  : the fp32 operands (the scaled query, p·s_v, p) are rounded to fp16 once: one
+//           MMA per product, the error class of fp16 SDPA; bound in kernel/decode_mma.cuh
+//   exact : each is split into fp16 hi + lo (two MMAs per product): fp32-like accuracy
+// Codes and metadata enter exactly in both, and stay bit-identical to the CPU.
+enum class DecodePrecision { fast, exact };
+
 }  // namespace kvq::cuda
