@@ -62,10 +62,21 @@ for line in open(sys.argv[1], errors="replace"):
         name = None
 names = list(rows)
 pretty = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout.split("\n")
-def short(s):  # the kernel and its template arguments, without namespaces and noise
+ROT, META = {"0": "", "1": "H", "2": "R"}, {"0": "fp16", "1": "bf16", "2": "fp32"}
+def spec(m, kv):  # QuantSpec{bits, group, rotation, centered, clip‰, meta, seed} → K4g32HC/fp16
+    bits, group, rot, cen, clip, meta = m.groups()[:6]
+    return (f"{kv}{bits}g{group}{ROT[rot]}{'C' if cen == 'true' else ''}"
+            f"{'' if clip == '1000' else 'clip' + clip}/{META[meta]}")
+def short(s):  # the kernel and its template arguments, compact
     s = re.sub(r"kvq::(cuda::)?(kernel::)?", "", s)
-    s = re.sub(r"\(([^()]*)\)$", "", s)
-    return s.replace("MetaType::", "").replace("Rotation::", "").replace("(unsigned char)", "")[:150]
+    s = re.sub(r"\(([^()]*)\)$", "", s).replace("void ", "")
+    q = r"QuantSpec\{(\d+), (\d+), \(Rotation\)(\d), (\w+), (\d+), \(MetaType\)(\d), \w+\}"
+    s = re.sub(r"Policy\{" + q + ", " + q + r", (\d+)\}",
+               lambda m: spec(re.match(q, m.group(0)[7:]), "K") + " " +
+               spec(re.search(q + r", (\d+)\}$", m.group(0)), "V") + " d" + m.group(13), s)
+    s = s.replace("(DecodePrecision)0", "fast").replace("(DecodePrecision)1", "exact")
+    s = re.sub(r"DecodeKernelParams<(QuantSource|DenseSource)<([^>]*)>, (\w+), (\w+)>", r"\2, q/o \3", s)
+    return re.sub(r">\(.*\)$", ">", s)[:140]
 print(f"{'regs':>4} {'spill st/ld':>11} {'stack':>5} {'smem':>6}  kernel (sm_90)")
 for n, p in sorted(zip(names, pretty), key=lambda x: short(x[1])):
     r = rows[n]
@@ -158,7 +169,8 @@ for b in runs:
         continue
     head, policy, batch, ctx = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
     kind = {"DecodeFP16": "fp16 pages", "DecodeFP16TC": "fp16 pages TC", "DecodeBF16": "bf16 pages",
-            "Decode": f"{policy}", "DecodeTC": f"{policy} TC"}[head].replace("_d128_half", "")
+            "Decode": f"{policy}", "DecodeTC": f"{policy} TC", "DecodeTCExact": f"{policy} TC exact"}[head]
+    kind = kind.replace("_d128_half", "")
     shapes.setdefault((batch, ctx), []).append((kind, b))
 for (batch, ctx), rows in shapes.items():
     t = torch.get((batch, ctx))

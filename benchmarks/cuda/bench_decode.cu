@@ -3,7 +3,8 @@
 //   BM_Copy           device-to-device copy: the bandwidth roofline (GB/s = read+write)
 //   BM_Decode<P>      quantized split-KV decode, CUDA-core kernel: GB/s on PACKED bytes
 //                     read, FMA/s
-//   BM_DecodeTC<P>    the same through the tensor-core kernel (kernel/decode_mma.cuh)
+//   BM_DecodeTC<P>    the same through the tensor-core kernel (kernel/decode_mma.cuh),
+//                     DecodePrecision::fast; BM_DecodeTCExact: DecodePrecision::exact
 //   BM_DecodeFP16<K>  the full-precision baseline of the same design on an fp16 cache
 //                     (16-bit pages: the bytes of a BF16 cache), both kernels
 //   BM_DecodeBF16     the same on a bf16 cache with bf16 queries and outputs (the CUDA-core
@@ -163,8 +164,9 @@ void set_decode_counters(benchmark::State& state, int batch, int ctx, std::size_
   state.counters["MB"] = token_heads * bytes_per_token_head / 1e6;
 }
 
-// Quantized decode through the CUDA-core or the tensor-core kernel (same plan otherwise).
-template <Policy P, cuda::DecodeKernel K>
+// Quantized decode through the CUDA-core or the tensor-core kernel (same plan otherwise),
+// the latter in either precision.
+template <Policy P, cuda::DecodeKernel K, cuda::DecodePrecision Prec = cuda::DecodePrecision::fast>
 void BM_Decode(benchmark::State& state) {
   const int batch = state.range(0), ctx = state.range(1);
   Dev dev;
@@ -178,6 +180,7 @@ void BM_Decode(benchmark::State& state) {
   a.cache = {pool, tab.num_pages, layout};
   a.table = tab.view;
   a.kernel = K;
+  a.precision = Prec;
   if (!setup_decode(dev, a, batch, ctx)) return state.SkipWithError("setup failed");
   Status st;
   time_loop(state, [&] { (void)(st = cuda::decode_attention(a, nullptr)); });
@@ -250,6 +253,9 @@ void decode_shapes(benchmark::internal::Benchmark* b) {
   BENCHMARK_TEMPLATE(BM_Decode, POLICY, cuda::DecodeKernel::simt)->Name("BM_Decode/" #ID)->Apply(decode_shapes); \
   BENCHMARK_TEMPLATE(BM_Decode, POLICY, cuda::DecodeKernel::tensor_core)                               \
       ->Name("BM_DecodeTC/" #ID)                                                                       \
+      ->Apply(decode_shapes);                                                                          \
+  BENCHMARK_TEMPLATE(BM_Decode, POLICY, cuda::DecodeKernel::tensor_core, cuda::DecodePrecision::exact) \
+      ->Name("BM_DecodeTCExact/" #ID)                                                                  \
       ->Apply(decode_shapes);                                                                          \
   BENCHMARK_TEMPLATE(BM_Append, POLICY)                                                 \
       ->Name("BM_Append/" #ID)                                                          \
