@@ -257,15 +257,15 @@ int compare_decode_rows(const std::vector<T>& out, const std::vector<float>& lse
 // basis (the kernels run with rotated_output, which needs un-centered values): every
 // non-empty row within the bound stated in kvq/cuda/kernel/decode_mma.cuh,
 //   |Δo_d| ≤ u·Σ_t p_t·(ln2·a_t·|ŵ_{t,d} − o_d| + |ŵ_{t,d} − lo_{t,d}|)·2^{2u·max a},
-// u = 2⁻¹¹, in L2 over d, plus 1e-5·‖o‖ for the fp32 parts and one rounding of o to T.
+// u = 2⁻¹¹ (2⁻⁸ for bf16 pages, whose operands are bf16), in L2 over d, plus 1e-5·‖o‖ for the fp32 parts and one rounding of o to T.
 // key_row / value_row(b, t, h, x, lo) write token t's dequantized stored-basis row and
 // each element's group minimum (0 for 16-bit pages); to_stored(q, h) turns a query row
 // into q·R_K. Returns the largest error/bound ratio (< 1 passes); empty rows must be 0.
 template <int D, ActivationType T, class ToStored, class KeyRow, class ValueRow>
 double check_fast_bound(const PageTableView& table, const std::vector<T>& q, const std::vector<std::int32_t>& q_indptr,
                         int hq, int hkv, const std::int32_t* causal_offset, ToStored&& to_stored, KeyRow&& key_row,
-                        ValueRow&& value_row, const std::vector<T>& out, const std::string& what) {
-  constexpr double u = 0x1p-11;
+                        ValueRow&& value_row, const std::vector<T>& out, const std::string& what,
+                        double u = 0x1p-11) {
   const int group = hq / hkv;
   const double tau_log2e = 1.0 / std::sqrt(double(D)) / std::log(2.0);
   double worst = 0;
@@ -368,7 +368,7 @@ double check_fast_bound(const std::byte* pool, const DensePageLayout<PT, D>& lay
       table, q, q_indptr, hq, layout.num_kv_heads, causal_offset, [](float*, int) {},
       [&](int b, int t, int h, float* x, float* lo) { copy(layout.key_row(page(b, t), h, t % table.page_size), x, lo); },
       [&](int b, int t, int h, float* x, float* lo) { copy(layout.value_row(page(b, t), h, t % table.page_size), x, lo); },
-      out, what);
+      out, what, std::is_same_v<PT, bfloat16_t> ? 0x1p-8 : 0x1p-11);
 }
 
 // Tokens (sequence, position) whose key or value rows carry a NaN: the group that holds

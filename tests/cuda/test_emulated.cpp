@@ -410,22 +410,23 @@ TEST(CudaEmulated, Decode_K8V4_H_d256_bf16) {
   std::uint32_t seed = 30;
   for (const auto& c : cases()) check_decode<P, bfloat16_t>(c, seed++);
 }
-// The tensor-core kernel: its fp16 hi/lo operands keep fp32 accuracy, so it meets the
-// same 1e-5 bound. The second and third policies run the cases with several rows, tiles
-// and splits.
+// The tensor-core kernel, exact mode: its split operands keep fp32 accuracy, so it meets
+// the same 1e-5 bound. fp16, fp32 and bf16 metadata; head_dim 64, 128, 256; key runs of
+// 16 bits (K2, group 32) and whole words; the later policies run the cases with several
+// rows, tiles and splits.
 TEST(CudaEmulated, DecodeTensorCore_K4V2_HC_d128_half) {
   std::uint32_t seed = 60;
   for (const auto& c : cases())
     check_decode<presets::K4V2_HC.with_head_dim(128), half_t>(c, seed++, {.kernel = kTensorCore});
 }
-TEST(CudaEmulated, DecodeTensorCore_K2V2_R_d64_float) {
+TEST(CudaEmulated, DecodeTensorCore_K2V2_R_fp32meta_d64_float) {
+  constexpr Policy P = presets::K2V2_R.with_head_dim(64).with_meta(MetaType::fp32);
   std::uint32_t seed = 70;
-  for (std::size_t i = 3; i < cases().size(); ++i)
-    check_decode<presets::K2V2_R.with_head_dim(64), float>(cases()[i], seed++, {.kernel = kTensorCore});
+  for (std::size_t i = 3; i < cases().size(); ++i) check_decode<P, float>(cases()[i], seed++, {.kernel = kTensorCore});
 }
-TEST(CudaEmulated, DecodeTensorCore_K8V4_H_d64_bf16) {
+TEST(CudaEmulated, DecodeTensorCore_K8V4_H_bf16meta_d64_bf16) {
   constexpr Policy P = [] {
-    Policy p = presets::K8V8_H.with_head_dim(64);
+    Policy p = presets::K8V8_H.with_head_dim(64).with_meta(MetaType::bf16);
     p.value.bits = 4;
     p.value.group = 32;
     p.value.centered = true;
@@ -434,6 +435,11 @@ TEST(CudaEmulated, DecodeTensorCore_K8V4_H_d64_bf16) {
   std::uint32_t seed = 80;
   for (std::size_t i = 3; i < cases().size(); ++i)
     check_decode<P, bfloat16_t>(cases()[i], seed++, {.kernel = kTensorCore});
+}
+TEST(CudaEmulated, DecodeTensorCore_K2V4_HC_d256_half) {
+  constexpr Policy P = presets::K2V4_HC.with_head_dim(256);
+  std::uint32_t seed = 85;
+  for (std::size_t i = 4; i < cases().size(); ++i) check_decode<P, half_t>(cases()[i], seed++, {.kernel = kTensorCore});
 }
 // A NaN logit (a key group stored as NaN) poisons exactly the rows that see it, as on the
 // CPU: output and LSE NaN, also when it is the only visible logit of its tile and split
@@ -462,7 +468,7 @@ TEST(CudaEmulated, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
 // magnitude would show there.
 TEST(CudaEmulated, DecodeTensorCoreFastWithinItsStatedBound) {
   constexpr auto kFast = cuda::DecodePrecision::fast;
-  double ratio[3] = {};
+  double ratio[4] = {};
   std::uint32_t seed = 110;
   for (const auto& c : cases())
     check_decode<presets::K4V2_HC.with_head_dim(128), half_t>(c, seed++,
@@ -472,8 +478,10 @@ TEST(CudaEmulated, DecodeTensorCoreFastWithinItsStatedBound) {
                                                            {.kernel = kTensorCore, .precision = kFast, .bound_ratio = &ratio[1]});
   for (std::size_t i = 3; i < cases().size(); ++i)
     check_dense<half_t, 64>(cases()[i], seed++, {.kernel = kTensorCore, .precision = kFast, .bound_ratio = &ratio[2]});
+  for (std::size_t i = 4; i < cases().size(); ++i)
+    check_dense<bfloat16_t, 128>(cases()[i], seed++, {.kernel = kTensorCore, .precision = kFast, .bound_ratio = &ratio[3]});
   std::printf("fast tensor-core decode, largest error / stated bound: K4V2_HC half %.3g, K2V2_R float %.3g, "
-              "fp16 pages %.3g\n", ratio[0], ratio[1], ratio[2]);
+              "fp16 pages %.3g, bf16 pages %.3g\n", ratio[0], ratio[1], ratio[2], ratio[3]);
   for (double r : ratio) EXPECT_GT(r, 0.0);  // the bound was evaluated on rows with rounding error
 }
 TEST(CudaEmulated, DenseDecode_half_d128) {
@@ -489,6 +497,16 @@ TEST(CudaEmulated, DenseDecodeTensorCore_half_d64) {
   std::uint32_t seed = 90;
   for (std::size_t i = 3; i < cases().size(); ++i)
     check_dense<half_t, 64>(cases()[i], seed++, {.kernel = kTensorCore});
+}
+TEST(CudaEmulated, DenseDecodeTensorCore_bf16_d128) {  // bf16 operands, exact = hi + mid + lo
+  std::uint32_t seed = 95;
+  for (std::size_t i = 3; i < cases().size(); ++i)
+    check_dense<bfloat16_t, 128>(cases()[i], seed++, {.kernel = kTensorCore});
+}
+TEST(CudaEmulated, DenseDecodeTensorCore_half_d256) {
+  std::uint32_t seed = 98;
+  for (std::size_t i = 4; i < cases().size(); ++i)
+    check_dense<half_t, 256>(cases()[i], seed++, {.kernel = kTensorCore});
 }
 TEST(CudaEmulated, MergeStates) {
   constexpr int rows = 9, D = 64;

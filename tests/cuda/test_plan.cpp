@@ -109,18 +109,31 @@ TEST(CudaPlan, TensorCoreKernelChoice) {
   EXPECT_EQ(plan.kernel, DecodeKernel::tensor_core);
   EXPECT_EQ(plan.rows, kMmaRows);
   EXPECT_EQ(plan.row_tiles, 1);
-  s.max_q_per_seq = 5;  // 5 tokens × 4 heads = 20 rows: two m16 tiles
+  s.max_q_per_seq = 5;  // 5 tokens × 4 heads = 20 rows: three n8 tiles
   ASSERT_TRUE(make_decode_plan(s, plan).ok());
-  EXPECT_EQ(plan.row_tiles, 2);
-  EXPECT_EQ(plan.grid.x, 4u);
+  EXPECT_EQ(plan.row_tiles, 3);
+  EXPECT_EQ(plan.grid.x, 6u);
   // Which policies the kernel serves.
   static_assert(DecodeArgs<presets::K2V2_HC, half_t, half_t>::kTensorCoreOk);
   static_assert(DecodeArgs<presets::K4V2.with_head_dim(64), float, float>::kTensorCoreOk);
-  static_assert(!DecodeArgs<presets::K4V2.with_head_dim(256), half_t, half_t>::kTensorCoreOk);
-  static_assert(!DecodeArgs<presets::K4V2.with_meta(MetaType::bf16), half_t, half_t>::kTensorCoreOk);
+  static_assert(DecodeArgs<presets::K4V2.with_head_dim(256), half_t, half_t>::kTensorCoreOk);
+  static_assert(DecodeArgs<presets::K4V2.with_meta(MetaType::bf16), half_t, half_t>::kTensorCoreOk);
+  constexpr Policy kSmallValueGroups = [] {  // a lane's eighth of a 2-bit group of 32 is 8 bits
+    Policy p = presets::K2V2;
+    p.value.group = 32;
+    return p;
+  }();
+  static_assert(!DecodeArgs<kSmallValueGroups, half_t, half_t>::kTensorCoreOk);
+  constexpr Policy kSmallKeyGroups = [] {  // a lane's quarter of a 2-bit group of 16 is 8 bits
+    Policy p = presets::K2V2;
+    p.key.group = 16;
+    return p;
+  }();
+  static_assert(!DecodeArgs<kSmallKeyGroups, half_t, half_t>::kTensorCoreOk);
   static_assert(DenseDecodeArgs<half_t, 64, float, float>::kTensorCoreOk);  // fp16 pages, any query type
-  static_assert(!DenseDecodeArgs<bfloat16_t, 128, bfloat16_t, bfloat16_t>::kTensorCoreOk);
-  static_assert(!DenseDecodeArgs<half_t, 256, half_t, half_t>::kTensorCoreOk);
+  static_assert(DenseDecodeArgs<bfloat16_t, 128, bfloat16_t, bfloat16_t>::kTensorCoreOk);
+  static_assert(DenseDecodeArgs<half_t, 256, half_t, half_t>::kTensorCoreOk);
+  static_assert(!DenseDecodeArgs<float, 128, float, float>::kTensorCoreOk);
 }
 
 TEST(CudaPlan, SuggestSplits) {

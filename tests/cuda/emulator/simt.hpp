@@ -116,17 +116,19 @@ T __ldg(const T* p) {
   return *p;
 }
 
-// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 for the calling warp: every lane
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16} for the calling warp: every lane
 // publishes its A/B fragments, then computes its own four C elements from the whole
 // tiles (PTX ISA fragment layouts; products summed in double, then added in fp32).
-inline void kvq_emu_mma_16816(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+inline void kvq_emu_mma_16816(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2], bool bf16) {
   kvq_emu::Warp& w = *kvq_emu::warp;
   const unsigned lane = kvq_emu_lane();
   for (int i = 0; i < 4; ++i) w.mma_a[lane][i] = a[i];
   for (int i = 0; i < 2; ++i) w.mma_b[lane][i] = b[i];
   w.bar.arrive_and_wait();
-  auto half = [](unsigned reg, int hi) {
-    return static_cast<double>(__half2float(__ushort_as_half(static_cast<unsigned short>(hi ? reg >> 16 : reg & 0xffffu))));
+  auto half = [bf16](unsigned reg, int hi) {
+    const unsigned bits = hi ? reg >> 16 : reg & 0xffffu;
+    if (bf16) return static_cast<double>(__uint_as_float(bits << 16));
+    return static_cast<double>(__half2float(__ushort_as_half(static_cast<unsigned short>(bits))));
   };
   auto A = [&](int row, int col) {  // lane 4·(row % 8) + (col % 8) / 2, register by the row and column halves
     const unsigned l = 4 * (row % 8) + (col % 8) / 2;

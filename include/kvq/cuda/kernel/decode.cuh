@@ -332,25 +332,40 @@ struct DecodeConfig {
   static_assert(LPTV <= 32 && 32 % LPTV == 0, "kvq: value lanes must tile the warp");
 };
 
+// How a region's rows sit in a stage buffer (32 tokens):
+//   linear     : token-major rows
+//   transposed : 16-byte chunk c of token t at [c][t] (lane t reads token t conflict-free)
+//   swizzled   : token-major, 16-byte chunk c of token t at chunk c ^ (t % 8) of its row,
+//                so that ldmatrix over 8 tokens' rows hits 8 different bank groups
+enum class StageLayout { linear, transposed, swizzled };
+
 // Copies the RowBytes-byte rows of the tile's n tokens into shared memory. Lane t's
-// (page, slot) is broadcast by shuffle; page < 0 marks a token that is skipped.
-// Transposed: 16-byte chunk c of token t lands at [c][t]; otherwise rows are token-major.
-template <int RowBytes, bool Transposed, class Addr>
+// (page, slot) is broadcast by shuffle; page < 0 marks a token that is skipped. With
+// kZeroMissing, skipped tokens and tokens n..31 are zero-filled (16-bit values enter an
+// MMA with weight 0, and 0·NaN would poison it).
+template <int RowBytes, StageLayout L, bool kZeroMissing = false, class Addr>
 __device__ __forceinline__ void stage_rows(std::byte* dst, int n, int my_page, int my_slot, Addr&& addr) {
   if constexpr (RowBytes > 0) {
-    constexpr int Chunk = Transposed ? 16 : (RowBytes % 16 == 0 ? 16 : (RowBytes % 8 == 0 ? 8 : 4));
+    constexpr int Chunk = L != StageLayout::linear ? 16 : (RowBytes % 16 == 0 ? 16 : (RowBytes % 8 == 0 ? 8 : 4));
     static_assert(RowBytes % Chunk == 0, "kvq: staged rows must be whole chunks");
+    static_assert(L != StageLayout::swizzled || RowBytes % 128 == 0, "kvq: swizzled rows are whole 8-chunk groups");
     constexpr int CPT = RowBytes / Chunk;
     const int lane = warp::lane_id();
-    for (int base = 0; base < n * CPT; base += 32) {
+    const int items = (kZeroMissing ? kWarpTokens : n) * CPT;
+    for (int base = 0; base < items; base += 32) {
       const int idx = base + lane;
       const int t = idx / CPT < 31 ? idx / CPT : 31;
       const int pg = __shfl_sync(KVQ_FULL_MASK, my_page, t);
       const int sl = __shfl_sync(KVQ_FULL_MASK, my_slot, t);
-      if (idx < n * CPT && pg >= 0) {
-        const int c = idx % CPT;
-        std::byte* d = Transposed ? dst + (std::size_t(c) * 32 + t) * 16 : dst + std::size_t(t) * RowBytes + c * Chunk;
+      if (idx >= items) continue;
+      const int c = idx % CPT;
+      std::byte* d = L == StageLayout::transposed ? dst + (std::size_t(c) * 32 + t) * 16
+                     : L == StageLayout::swizzled ? dst + std::size_t(t) * RowBytes + (c ^ (t & 7)) * Chunk
+                                                  : dst + std::size_t(t) * RowBytes + c * Chunk;
+      if (t < n && pg >= 0) {
         warp::copy_async<Chunk>(d, addr(pg, sl) + c * Chunk);
+      } else if constexpr (kZeroMissing) {
+        *reinterpret_cast<uint4*>(d) = uint4{0u, 0u, 0u, 0u};
       }
     }
   }
@@ -448,8 +463,9 @@ __device__ __forceinline__ void split_range(const RowTile& t, int num_splits, co
 
 // Issues the copies of the warp tile [t0, min(t0 + 32, te)) into stage buffer `st`;
 // returns the mask of loadable tokens (a page index outside the pool is skipped and
-// flagged).
-template <class KP>
+// flagged). Codes are staged in layout KL (keys) and VL (values), metadata linearly.
+template <class KP, StageLayout KL = StageLayout::transposed, StageLayout VL = StageLayout::linear,
+          bool kZeroMissingValues = false>
 __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S, const RowTile& t, std::byte* st, int t0,
                                                int te) {
   using Src = typename KP::source_type;
@@ -467,10 +483,12 @@ __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S,
     }
   }
   const int h = t.h;
-  stage_rows<Src::kcb, true>(st + S.kc_off(), n, my_page, my_slot, [&](int pg, int sl) { return a.src.k_codes(pg, h, sl); });
-  stage_rows<Src::kmb, false>(st + S.km_off(), n, my_page, my_slot, [&](int pg, int sl) { return a.src.k_meta(pg, h, sl); });
-  stage_rows<Src::vcb, false>(st + S.vc_off(), n, my_page, my_slot, [&](int pg, int sl) { return a.src.v_codes(pg, h, sl); });
-  stage_rows<Src::vmb, false>(st + S.vm_off(), n, my_page, my_slot, [&](int pg, int sl) { return a.src.v_meta(pg, h, sl); });
+  constexpr auto lin = StageLayout::linear;
+  stage_rows<Src::kcb, KL>(st + S.kc_off(), n, my_page, my_slot, [&](int pg, int sl) { return a.src.k_codes(pg, h, sl); });
+  stage_rows<Src::kmb, lin>(st + S.km_off(), n, my_page, my_slot, [&](int pg, int sl) { return a.src.k_meta(pg, h, sl); });
+  stage_rows<Src::vcb, VL, kZeroMissingValues>(st + S.vc_off(), n, my_page, my_slot,
+                                               [&](int pg, int sl) { return a.src.v_codes(pg, h, sl); });
+  stage_rows<Src::vmb, lin>(st + S.vm_off(), n, my_page, my_slot, [&](int pg, int sl) { return a.src.v_meta(pg, h, sl); });
   return __ballot_sync(KVQ_FULL_MASK, my_page >= 0);
 }
 

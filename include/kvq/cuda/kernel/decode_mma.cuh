@@ -1,33 +1,45 @@
-// kvq/cuda/kernel/decode_mma.cuh — the tensor-core decode kernel (DESIGN §9: at 2–4 bits
-// with GQA, fp32 CUDA cores cannot keep up with HBM), for quantized pages and, as the
-// baseline of equal engineering, fp16 pages.
+// kvq/cuda/kernel/decode_mma.cuh — the tensor-core decode kernel (DESIGN §9; design
+// notes in GPU-DECODE §3), for quantized pages and, as the baseline of equal engineering,
+// fp16 and bf16 pages.
 //
 // Same work decomposition, staging, softmax semantics and output path as decode_kernel
-// (kernel/decode.cuh); only the products change (MmaOps<Src>). A CTA holds R = 16 query
-// rows (one m16 tile; rows past the GQA group × query tokens are zero and masked). Per
-// warp tile of 32 tokens:
-//   q·k  S [16 rows × 32 tokens] = Σ_groups s_g ⊙ (Q'_g · C_gᵀ) + lo_g · Σq'_g
-//        A = Q' (fp32, split into fp16 hi + lo, pre-packed in shared memory per k-step),
-//        B = key codes unpacked exactly to fp16 straight from the staged 16-byte chunks;
-//        each key group accumulates in its own fragment and is folded with the token's
-//        (scale, lo) — the codes are never dequantized. (fp16 pages: B = K as stored.)
-//   p·v  O [16 × D] += (P ⊙ s_v) · C_v + P · lo_v
-//        The S accumulator layout is the A layout of m16n8k16 (as in FlashAttention-2), so
-//        P never leaves registers; P ⊙ s_v (per token and value group) is split into fp16
-//        hi + lo, B = value codes unpacked exactly; Σ p·lo_v is a per-row scalar per group.
-//        (fp16 pages: A = P, B = V as stored.)
-// Precision (DecodePrecision, kvq/cuda/traits/tensor_core.hpp). `exact`: the hi/lo
-// splits make every product fp32-accurate (relative error about 2⁻²²), so the result
-// matches the CPU reference as closely as the CUDA-core kernel does. `fast`: only the hi
-// halves, i.e. Q' and p·s_v (P for fp16 pages) rounded to fp16 once (unit roundoff
-// u = 2⁻¹¹). Both fp16 operands are scaled by powers of two (Q' per CTA, p·s_v per tile)
-// so that they neither overflow nor lose bits to fp16 subnormals.
+// (kernel/decode.cuh), whose pieces it shares (row_tile, prepare_rows, issue_tile,
+// write_rows). A CTA holds R = 8 query rows (GQA heads × query tokens of one KV head);
+// each of its warps streams its own 32-token tiles through an NS-stage cp.async pipeline.
+//
+// Swapped MMA roles (mma.sync m16n8k16, tokens in M, the 8 rows in N), per 16 tokens:
+//   q·k  Sᵀ [16 tokens × 8 rows] = Σ_groups s_g ⊙ (C_g · Q'_gᵀ) + lo_g ⊗ Σq'_g
+//        A = key codes of tokens g and g+8, unpacked exactly to fp16 (0x6400 trick, one
+//        LOP3 + one HSUB2 per code pair); B = Q' fragments built once per CTA. Each MMA's
+//        k-step lies in one key group, whose fp32 accumulator is folded with the token's
+//        (scale, lo) — the codes are never dequantized.
+//   p·v  Oᵀ [D dims × 8 rows] += C_vᵀ · (P ⊙ s_v)ᵀ, and Σ p·lo_v per (row, value group)
+//        A = value codes of tokens (2t, 2t+1, 2t+8, 2t+9), unpacked in token pairs; B = the
+//        probabilities times the value scale, packed from the Sᵀ accumulator and moved into
+//        B layout by movmatrix.trans. (16-bit pages: ldmatrix from swizzled rows, K as A of
+//        q·k and Vᵀ via ldmatrix.trans as A of p·v; B = Q', P.)
+// At GQA 4 half of the N columns are padding (a CTA holds 8 rows; the m16 roles of the
+// old kernel wasted 12 of 16).
+//
+// Permuted head dimension. q·k only needs Q and K under the same permutation of the
+// head dims, so a lane takes a contiguous run of each key group of its tokens (the
+// quarter t of the group's bytes) and Q' is laid out to match; p·v permutes the output
+// dims likewise and un-permutes them when the warps merge. The 0x6400 trick leaves code
+// j of a 32-bit word scaled by an exact power of two 2^e (its bit offset, or offset − 6
+// after one shift); Q' absorbs 2^−e for keys, the output for values.
+//
+// Precision (DecodePrecision, kvq/cuda/traits/tensor_core.hpp). `exact`: Q' and p·s_v are
+// split into fp16 hi + lo (bf16 pages: hi + mid + lo) — fp32-like products, within 1e-5
+// of the CPU reference. `fast`: one rounding to the operand type (unit roundoff u = 2⁻¹¹
+// for fp16, 2⁻⁸ for bf16 pages). Both fp16 operands are scaled by powers of two (Q' per
+// CTA, p·s_v per tile) so that they neither overflow nor lose bits to fp16 subnormals;
+// codes and metadata enter exactly in both modes.
 //
 // Error of `fast` against exact attention over K̂, V̂, per output element d of a row, to
 // first order in u (the test adds the factor 2^{2u·max a} for the rest, and fp32 rounding):
 //   |Δo_d| ≤ u·Σ_t p_t·(ln2·a_t·|ŵ_{t,d} − o_d| + |s_{v,t}·c_{t,d}|)
 //   a_t = Σ_i |q'_i·s_{g(i),t}·c_{t,i}|   the code part of token t's logit, log₂ units
-//         (q' = τ·log₂e·q·R_K; fp16 pages: Σ_i |q'_i·k_{t,i}|, and the last term |v_{t,d}|)
+//         (q' = τ·log₂e·q·R_K; 16-bit pages: Σ_i |q'_i·k_{t,i}|, and the last term |v_{t,d}|)
 // with t over the row's visible tokens, p the exact weights, ŵ_t the stored-basis value
 // row and o the stored-basis output (R_V is orthogonal: the error's L2 norm is the same in
 // the original basis). Why: rounding Q' moves logit t by at most u·a_t, which moves the
@@ -35,8 +47,8 @@
 // most u of itself. tests/cuda/test_emulated.cpp checks it against fp64 attention over
 // the dequantized cache.
 //
-// Served cache types: kTensorCoreDecode<P> / kTensorCoreDenseDecode<T, D> (launch/api.hpp).
-// Registers per lane: O 4·D/8 + S 16 + group accumulator 16.
+// Served cache types: kTensorCoreDecode<P> / kTensorCoreDenseDecode<T, D> (traits).
+// Registers per lane: Oᵀ 4·D/16, Sᵀ 8, key-group accumulator 4, m/l 4, Σ p·lo 2·NV.
 #pragma once
 
 #include "kvq/cuda/kernel/decode.cuh"
@@ -47,386 +59,525 @@
 
 namespace kvq::cuda::kernel {
 
-// Codes (dim, dim + 1) of token `tok` from the transposed key stage [chunk][32][16 B].
+// ---- exact code unpacking ------------------------------------------------------------------
+
+// Loads Bytes (2, 4, 8, 16, 32, …) of a run into 32-bit words (2 bytes: w[0] low half).
+template <int Bytes>
+__device__ __forceinline__ void load_run(const std::byte* p, unsigned (&w)[Bytes < 4 ? 1 : Bytes / 4]) {
+  if constexpr (Bytes == 2) {
+    w[0] = *reinterpret_cast<const unsigned short*>(p);
+  } else if constexpr (Bytes == 4) {
+    w[0] = *reinterpret_cast<const unsigned*>(p);
+  } else if constexpr (Bytes == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < Bytes / 16; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  }
+}
+
+// Code j of both 16-bit halves of w (bit offset o = j·Bits) as an fp16 pair scaled by
+// 2^e: e = o when the code fits the fp16 mantissa there, else o − 6 from w >> 6.
 template <int Bits>
-__device__ __forceinline__ unsigned key_code_pair(const std::byte* kc, int tok, int dim) {
-  const int bit = dim * Bits;
-  const unsigned w = reinterpret_cast<const unsigned*>(kc + (std::size_t(bit >> 7) * 32 + tok) * 16)[(bit >> 5) & 3];
+KVQ_HOST_DEVICE constexpr int code_exp(int j) {
+  return j * Bits + Bits <= 10 ? j * Bits : j * Bits - 6;
+}
+template <int Bits>
+__device__ __forceinline__ unsigned code_pair(unsigned w, unsigned w6, int j) {
   constexpr unsigned mask = (1u << Bits) - 1u;
-  return warp::codes_to_half2((w >> (bit & 31)) & mask, (w >> ((bit & 31) + Bits)) & mask);
+  const int e = code_exp<Bits>(j);
+  const unsigned src = j * Bits + Bits <= 10 ? w : w6;
+  return warp::unbias_half2((src & ((mask << e) * 0x00010001u)) | 0x64006400u);
 }
 
-// Code of `dim` in a token-major packed row.
-template <int Bits>
-__device__ __forceinline__ unsigned row_code(const std::byte* row, int dim) {
-  const int bit = dim * Bits;
-  return (reinterpret_cast<const unsigned*>(row)[bit >> 5] >> (bit & 31)) & ((1u << Bits) - 1u);
-}
+// A lane's run of one key group of one token: RunBits = group·Bits/4 bits (16 or a
+// multiple of 32) → GK/8 fp16 pairs, two codes of the same token each.
+//   pair r = (code lo(r), code hi(r)) of the run, both scaled by 2^exp(r)
+template <int Bits, int RunBits>
+struct KeyRun {
+  static_assert(RunBits == 16 || RunBits % 32 == 0, "kvq: key runs are 16 bits or whole words");
+  static constexpr int kPairs = RunBits / Bits / 2;
+  static constexpr int kPerWord = 16 / Bits;  // pairs per 32-bit word
+  KVQ_HOST_DEVICE static constexpr int lo(int r) {
+    return RunBits == 16 ? r : (r / kPerWord) * (32 / Bits) + r % kPerWord;
+  }
+  KVQ_HOST_DEVICE static constexpr int hi(int r) { return RunBits == 16 ? 8 / Bits + r : lo(r) + 16 / Bits; }
+  KVQ_HOST_DEVICE static constexpr int exp(int r) { return RunBits == 16 ? r * Bits : code_exp<Bits>(r % kPerWord); }
 
-__device__ __forceinline__ float meta_half(const std::byte* meta, int i) {
-  return __half2float(__ushort_as_half(reinterpret_cast<const unsigned short*>(meta)[i]));
-}
+  __device__ static void unpack(const std::byte* run, unsigned (&u)[kPairs]) {
+    unsigned w[RunBits < 32 ? 1 : RunBits / 32];
+    load_run<RunBits / 8>(run, w);
+    if constexpr (RunBits == 16) {
+      // bytes (b0, b1) → halves (b0, b1): code j of each byte at bit j·Bits ≤ 6
+      const unsigned x = warp::byte_perm(w[0], 0u, 0x4140u);
+#pragma unroll
+      for (int r = 0; r < kPairs; ++r) u[r] = code_pair<Bits>(x, x, r);
+    } else {
+#pragma unroll
+      for (int q = 0; q < RunBits / 32; ++q) {
+        const unsigned w6 = w[q] >> 6;
+#pragma unroll
+        for (int j = 0; j < kPerWord; ++j) u[q * kPerWord + j] = code_pair<Bits>(w[q], w6, j);
+      }
+    }
+  }
+};
 
-// The products of one warp tile (32 tokens) for a cache type; the kernel below does the
-// rest. Fragment index conventions (g = lane / 4, tq = lane % 4):
-//   s[nt][i]  logit / probability of row g + 8·(i / 2), token 8·nt + 2·tq + i % 2
-//   o[nd][i]  output of row g + 8·(i / 2), dim 8·nd + 2·tq + i % 2 (units of 2^-e)
-//   olo[rh][gv]  Σ p·lo_v of row g + 8·rh and value group gv over this lane's tokens
+// A lane's run of one value group for two tokens a, b: RunBits = group·Bits/8 bits (16 or
+// a multiple of 32) → group/8 fp16 pairs (code(r) of token a, code(r) of token b)·2^exp(r).
+template <int Bits, int RunBits>
+struct ValueRun {
+  static_assert(RunBits == 16 || RunBits % 32 == 0, "kvq: value runs are 16 bits or whole words");
+  static constexpr int kPairs = RunBits / Bits;
+  static constexpr int kPerHalf = 16 / Bits;
+  KVQ_HOST_DEVICE static constexpr int code(int r) { return r; }  // halves in order, codes j in order
+  KVQ_HOST_DEVICE static constexpr int exp(int r) { return code_exp<Bits>(r % kPerHalf); }
+
+  // (token a, token b) halves interleaved: PRMT picks the low or high halves of both.
+  __device__ static void unpack(const std::byte* run_a, const std::byte* run_b, unsigned (&u)[kPairs]) {
+    unsigned wa[RunBits < 32 ? 1 : RunBits / 32], wb[RunBits < 32 ? 1 : RunBits / 32];
+    load_run<RunBits / 8>(run_a, wa);
+    load_run<RunBits / 8>(run_b, wb);
+#pragma unroll
+    for (int h = 0; h < RunBits / 16; ++h) {
+      const int q = h / 2;
+      const unsigned x = warp::byte_perm(wa[q], wb[q], h % 2 ? 0x7632u : 0x5410u), x6 = x >> 6;
+#pragma unroll
+      for (int j = 0; j < kPerHalf; ++j) u[h * kPerHalf + j] = code_pair<Bits>(x, x6, j);
+    }
+  }
+};
+
+// ---- the products of one cache type ------------------------------------------------------
+//
+// Fragment index conventions (g = lane / 4, t = lane % 4), per 16-token m-tile:
+//   s[i]      logit / probability of token g + 8·(i / 2), row 2t + i % 2
+//   o[md][i]  output of dim slot (md, g + 8·(i / 2)), row 2t + i % 2 (dim_of maps slots)
+//   olo[j][gv] Σ p·lo_v of row 2t + j, value group gv, over this lane's tokens
 template <class Src>
 struct MmaOps {
   static constexpr bool kOk = false;
 };
 
-// Quantized pages: codes unpacked exactly, per-group metadata folded outside the MMAs.
+// Quantized pages.
 template <Policy P>
 struct MmaOps<QuantSource<P>> {
   using Src = QuantSource<P>;
-  static constexpr int D = P.head_dim, NK = Src::NK, NV = D / P.value.group;
+  using Operand = half_t;
+  static constexpr int D = P.head_dim, NK = Src::NK, GK = P.key.group, GV = P.value.group, NV = D / GV;
   static constexpr bool kOk = kTensorCoreDecode<P>;
+  static constexpr int KSG = GK / 16;               // k-steps per key group
+  static constexpr int MPG = GV / 16;               // value m-tiles per value group
+  static constexpr int kKeyRunBytes = GK * P.key.bits / 32;    // per lane, group, token
+  static constexpr int kValueRunBytes = GV * P.value.bits / 64;
+  using KR = KeyRun<P.key.bits, kKeyRunBytes * 8>;
+  using VR = ValueRun<P.value.bits, kValueRunBytes * 8>;
+  static constexpr StageLayout kKeyLayout = StageLayout::linear, kValueLayout = StageLayout::linear;
+  static constexpr bool kZeroMissingValues = false;  // codes are finite; zero weights are skipped
 
-  // Largest value scale of one staged token (what bounds p·s_v).
+  // Head dim and power-of-two exponent of element i (0: b[0] low, 1: b[0] high, 2: b[1]
+  // low, 3: b[1] high) of the Q' fragment of k-step ks for lane quarter t.
+  __device__ static int key_dim(int ks, int t, int i, int& e) {
+    const int grp = ks / KSG, r = 2 * (ks % KSG) + i / 2;
+    e = KR::exp(r);
+    return grp * GK + t * (GK / 4) + (i % 2 ? KR::hi(r) : KR::lo(r));
+  }
+  // Head dim and exponent of output slot (md, g + 8·top).
+  __device__ static int value_dim(int md, int g, int top, int& e) {
+    const int gv = md / MPG, r = 2 * (md % MPG) + top;
+    e = VR::exp(r);
+    return gv * GV + g * (GV / 8) + VR::code(r);
+  }
+  __device__ static int value_group(int dim) { return dim / GV; }
+
+  // Largest |s_v| over the value groups of staged token `tok`.
   __device__ static float value_scale(const std::byte* vm, int tok) {
+    const auto* meta = reinterpret_cast<const meta_storage_t<P.value.meta>*>(vm + std::size_t(tok) * Src::vmb);
     float m = 0.f;
 #pragma unroll
-    for (int gv = 0; gv < NV; ++gv) m = fmaxf(m, fabsf(meta_half(vm + std::size_t(tok) * Src::vmb, 2 * gv)));
+    for (int gv = 0; gv < NV; ++gv) m = fmaxf(m, fabsf(meta_fast<P.value.meta>(meta[2 * gv])));
     return m;
   }
 
-  // S = Σ_groups s_g ⊙ (Q'_g·C_gᵀ)·2^qexp + lo_g·Σq'_g; qf_s: Q' fragments [KS][hi, lo][32].
-  template <bool kExact>
-  __device__ static void logits(const std::byte* kc, const std::byte* km, const uint4* qf_s, const float* qsum_s,
-                                float qup, float (&s)[4][4]) {
-    constexpr int KSG = Src::GK / 16;  // k-steps per key group
-    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  // s += Σ_groups s_g·(C_g·Q'_gᵀ)·qup + lo_g·Σq'_g for m-tile `mt`;
+  // qf_s: Q' fragments [KS][Splits][32] uint2; qsum: Σq'_g of rows 2t, 2t+1.
+  template <int Splits>
+  __device__ static void logits(const std::byte* kc, const std::byte* km, int mt, const uint2* qf_s,
+                                const float (&qsum)[2][NK], float qup, float (&s)[4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int ta = 16 * mt + g, tb = ta + 8;
+    const auto* ma = reinterpret_cast<const meta_storage_t<P.key.meta>*>(km + std::size_t(ta) * Src::kmb);
+    const auto* mb = reinterpret_cast<const meta_storage_t<P.key.meta>*>(km + std::size_t(tb) * Src::kmb);
 #pragma unroll
-    for (int kg = 0; kg < NK; ++kg) {
-      float acc[4][4];
+    for (int grp = 0; grp < NK; ++grp) {
+      const std::size_t off = std::size_t(grp) * (GK * P.key.bits / 8) + t * kKeyRunBytes;
+      unsigned ua[KR::kPairs], ub[KR::kPairs];
+      KR::unpack(kc + std::size_t(ta) * Src::kcb + off, ua);
+      KR::unpack(kc + std::size_t(tb) * Src::kcb + off, ub);
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+      for (int k = 0; k < KSG; ++k) {
+        const unsigned a[4] = {ua[2 * k], ub[2 * k], ua[2 * k + 1], ub[2 * k + 1]};
 #pragma unroll
-      for (int ks = kg * KSG; ks < (kg + 1) * KSG; ++ks) {
-        const uint4 qh = qf_s[(ks * 2) * 32 + lane], ql = kExact ? qf_s[(ks * 2 + 1) * 32 + lane] : uint4{};
-        const unsigned ah[4] = {qh.x, qh.y, qh.z, qh.w}, al[4] = {ql.x, ql.y, ql.z, ql.w};
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int tok = nt * 8 + g;
-          const unsigned b[2] = {key_code_pair<P.key.bits>(kc, tok, ks * 16 + 2 * tq),
-                                 key_code_pair<P.key.bits>(kc, tok, ks * 16 + 2 * tq + 8)};
-          warp::mma_16816(acc[nt], ah, b);
-          if constexpr (kExact) warp::mma_16816(acc[nt], al, b);
+        for (int p = 0; p < Splits; ++p) {
+          const uint2 q = qf_s[((grp * KSG + k) * Splits + p) * 32 + lane];
+          const unsigned b[2] = {q.x, q.y};
+          warp::mma_16816<Operand>(acc, a, b);
         }
       }
-      const float qs0 = qsum_s[g * NK + kg], qs1 = qsum_s[(g + 8) * NK + kg];
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const std::byte* meta = km + std::size_t(nt * 8 + 2 * tq + j) * Src::kmb;
-          const float sc = meta_half(meta, 2 * kg), lo = meta_half(meta, 2 * kg + 1);
-          s[nt][j] = fmaf(sc, acc[nt][j] * qup, fmaf(lo, qs0, s[nt][j]));
-          s[nt][2 + j] = fmaf(sc, acc[nt][2 + j] * qup, fmaf(lo, qs1, s[nt][2 + j]));
-        }
+      const float sa = meta_fast<P.key.meta>(ma[2 * grp]), la = meta_fast<P.key.meta>(ma[2 * grp + 1]);
+      const float sb = meta_fast<P.key.meta>(mb[2 * grp]), lb = meta_fast<P.key.meta>(mb[2 * grp + 1]);
+      s[0] = fmaf(sa, acc[0] * qup, fmaf(la, qsum[0][grp], s[0]));
+      s[1] = fmaf(sa, acc[1] * qup, fmaf(la, qsum[1][grp], s[1]));
+      s[2] = fmaf(sb, acc[2] * qup, fmaf(lb, qsum[0][grp], s[2]));
+      s[3] = fmaf(sb, acc[3] * qup, fmaf(lb, qsum[1][grp], s[3]));
     }
   }
 
-  // O += (P ⊙ s_v·2^e)·C_v, olo += P·lo_v.
-  template <bool kExact>
-  __device__ static void values(const std::byte* vc, const std::byte* vm, unsigned /*valid*/, const float (&s)[4][4],
-                                float xscale, float (&o)[D / 8][4], float (&olo)[2][NV]) {
-    constexpr int NDG = P.value.group / 8;  // value n-tiles per value group
-    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  // Oᵀ += C_vᵀ·(P ⊙ s_v·xscale)ᵀ, olo += P·lo_v, for m-tile `mt`.
+  template <int Splits>
+  __device__ static void values(const std::byte* vc, const std::byte* vm, int mt, const float (&p)[4], float xscale,
+                                float (&o)[D / 16][4], float (&olo)[2][NV]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int ta = 16 * mt + g, tb = ta + 8;
+    const auto* ma = reinterpret_cast<const meta_storage_t<P.value.meta>*>(vm + std::size_t(ta) * Src::vmb);
+    const auto* mb = reinterpret_cast<const meta_storage_t<P.value.meta>*>(vm + std::size_t(tb) * Src::vmb);
+    const std::byte* v0 = vc + std::size_t(16 * mt + 2 * t) * Src::vcb;  // tokens 2t, 2t+1, 2t+8, 2t+9
 #pragma unroll
-    for (int kt = 0; kt < 2; ++kt) {
-      const int tk[4] = {kt * 16 + 2 * tq, kt * 16 + 2 * tq + 1, kt * 16 + 2 * tq + 8, kt * 16 + 2 * tq + 9};
-      const float pr[2][4] = {{s[2 * kt][0], s[2 * kt][1], s[2 * kt + 1][0], s[2 * kt + 1][1]},
-                              {s[2 * kt][2], s[2 * kt][3], s[2 * kt + 1][2], s[2 * kt + 1][3]}};
+    for (int gv = 0; gv < NV; ++gv) {
+      const float sa = meta_fast<P.value.meta>(ma[2 * gv]), la = meta_fast<P.value.meta>(ma[2 * gv + 1]);
+      const float sb = meta_fast<P.value.meta>(mb[2 * gv]), lb = meta_fast<P.value.meta>(mb[2 * gv + 1]);
+      // A zero weight contributes nothing, whatever the (possibly NaN) metadata.
+      const float x0 = p[0] != 0.f ? p[0] * sa * xscale : 0.f, x1 = p[1] != 0.f ? p[1] * sa * xscale : 0.f;
+      const float x2 = p[2] != 0.f ? p[2] * sb * xscale : 0.f, x3 = p[3] != 0.f ? p[3] * sb * xscale : 0.f;
+      olo[0][gv] += (p[0] != 0.f ? p[0] * la : 0.f) + (p[2] != 0.f ? p[2] * lb : 0.f);
+      olo[1][gv] += (p[1] != 0.f ? p[1] * la : 0.f) + (p[3] != 0.f ? p[3] * lb : 0.f);
+      unsigned xa[Splits], xb[Splits];
+      warp::split_pack2<Operand, Splits>(x0, x1, xa);
+      warp::split_pack2<Operand, Splits>(x2, x3, xb);
+      unsigned b[Splits][2];
 #pragma unroll
-      for (int gv = 0; gv < NV; ++gv) {
-        float x[2][4];
+      for (int k = 0; k < Splits; ++k) b[k][0] = warp::transpose_8x8(xa[k]), b[k][1] = warp::transpose_8x8(xb[k]);
+      const std::size_t off = std::size_t(gv) * (GV * P.value.bits / 8) + g * kValueRunBytes;
+      unsigned va[VR::kPairs], vb[VR::kPairs];
+      VR::unpack(v0 + off, v0 + Src::vcb + off, va);
+      VR::unpack(v0 + 8 * Src::vcb + off, v0 + 9 * Src::vcb + off, vb);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const std::byte* meta = vm + std::size_t(tk[k]) * Src::vmb;
-          const float sv = meta_half(meta, 2 * gv), lv = meta_half(meta, 2 * gv + 1);
+      for (int k = 0; k < MPG; ++k) {
+        const unsigned a[4] = {va[2 * k], va[2 * k + 1], vb[2 * k], vb[2 * k + 1]};
 #pragma unroll
-          for (int rh = 0; rh < 2; ++rh) {
-            // A zero weight contributes nothing, whatever the (possibly NaN) metadata.
-            x[rh][k] = pr[rh][k] != 0.f ? pr[rh][k] * sv * xscale : 0.f;
-            olo[rh][gv] += pr[rh][k] != 0.f ? pr[rh][k] * lv : 0.f;
-          }
-        }
-        unsigned ah[4], al[4];
-        warp::split_half2(x[0][0], x[0][1], ah[0], al[0]);
-        warp::split_half2(x[1][0], x[1][1], ah[1], al[1]);
-        warp::split_half2(x[0][2], x[0][3], ah[2], al[2]);
-        warp::split_half2(x[1][2], x[1][3], ah[3], al[3]);
-#pragma unroll
-        for (int nd = gv * NDG; nd < (gv + 1) * NDG; ++nd) {
-          const int dim = nd * 8 + g;
-          const unsigned b[2] = {
-              warp::codes_to_half2(row_code<P.value.bits>(vc + std::size_t(tk[0]) * Src::vcb, dim),
-                                   row_code<P.value.bits>(vc + std::size_t(tk[1]) * Src::vcb, dim)),
-              warp::codes_to_half2(row_code<P.value.bits>(vc + std::size_t(tk[2]) * Src::vcb, dim),
-                                   row_code<P.value.bits>(vc + std::size_t(tk[3]) * Src::vcb, dim))};
-          warp::mma_16816(o[nd], ah, b);
-          if constexpr (kExact) warp::mma_16816(o[nd], al, b);
-        }
+        for (int sp = 0; sp < Splits; ++sp) warp::mma_16816<Operand>(o[gv * MPG + k], a, b[sp]);
       }
     }
   }
 };
 
-// fp16 pages (the full-precision baseline of the same design): K and V halves go into
-// the MMAs as stored; P is scaled by 2^13 (p ≤ 1) before its hi/lo split.
-template <int HD>
-struct MmaOps<DenseSource<half_t, HD>> {
-  using Src = DenseSource<half_t, HD>;
+// 16-bit pages (fp16 or bf16 rows, DenseSource): K and V enter the MMAs as stored.
+template <ActivationType T, int HD>
+struct MmaOps<DenseSource<T, HD>> {
+  using Src = DenseSource<T, HD>;
+  using Operand = T;
   static constexpr int D = HD, NK = 1, NV = 1;
-  static constexpr bool kOk = kTensorCoreDenseDecode<half_t, HD>;
+  static constexpr bool kOk = kTensorCoreDenseDecode<T, HD>;
+  static constexpr StageLayout kKeyLayout = StageLayout::swizzled, kValueLayout = StageLayout::swizzled;
+  static constexpr bool kZeroMissingValues = true;
 
+  __device__ static int key_dim(int ks, int t, int i, int& e) {
+    e = 0;
+    return 16 * ks + 2 * t + 8 * (i / 2) + i % 2;
+  }
+  __device__ static int value_dim(int md, int g, int top, int& e) {
+    e = 0;
+    return 16 * md + g + 8 * top;
+  }
+  __device__ static int value_group(int) { return 0; }
   __device__ static float value_scale(const std::byte*, int) { return 1.f; }
 
-  template <bool kExact>
-  __device__ static void logits(const std::byte* kc, const std::byte*, const uint4* qf_s, const float*, float qup,
-                                float (&s)[4][4]) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    float acc[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+  // Row `tok`'s 16-byte chunk c in the swizzled stage.
+  __device__ static const std::byte* chunk(const std::byte* base, int tok, int c) {
+    return base + std::size_t(tok) * Src::kcb + ((c ^ (tok & 7)) * 16);
+  }
+
+  template <int Splits>
+  __device__ static void logits(const std::byte* kc, const std::byte*, int mt, const uint2* qf_s,
+                                const float (&)[2][NK], float qup, float (&s)[4]) {
+    const int lane = threadIdx.x & 31, i = lane >> 3, r = lane & 7;
+    const int tok = 16 * mt + (i & 1) * 8 + r;  // ldmatrix row of this lane: a[0..3] = (tok 0-7 | 8-15) × (k 0-7 | 8-15)
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      const uint4 qh = qf_s[(ks * 2) * 32 + lane], ql = kExact ? qf_s[(ks * 2 + 1) * 32 + lane] : uint4{};
-      const unsigned ah[4] = {qh.x, qh.y, qh.z, qh.w}, al[4] = {ql.x, ql.y, ql.z, ql.w};
+      unsigned a[4];
+      warp::load_matrix_x4<false>(chunk(kc, tok, 2 * ks + (i >> 1)), a);
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        // dims 16·ks + 2·tq + {0, 1} (+ 8): word tq of 16-byte chunks 2·ks and 2·ks + 1
-        const int tok = nt * 8 + g;
-        const unsigned b[2] = {reinterpret_cast<const unsigned*>(kc + (std::size_t(2 * ks) * 32 + tok) * 16)[tq],
-                               reinterpret_cast<const unsigned*>(kc + (std::size_t(2 * ks + 1) * 32 + tok) * 16)[tq]};
-        warp::mma_16816(acc[nt], ah, b);
-        if constexpr (kExact) warp::mma_16816(acc[nt], al, b);
+      for (int p = 0; p < Splits; ++p) {
+        const uint2 q = qf_s[(ks * Splits + p) * 32 + lane];
+        const unsigned b[2] = {q.x, q.y};
+        warp::mma_16816<Operand>(acc, a, b);
       }
     }
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[nt][i] = acc[nt][i] * qup;
+    for (int k = 0; k < 4; ++k) s[k] += acc[k] * qup;
   }
 
-  // O += (P·2^e)·V; tokens not loaded in this tile read as zero (their rows are stale).
-  template <bool kExact>
-  __device__ static void values(const std::byte* vc, const std::byte*, unsigned valid, const float (&s)[4][4],
-                                float xscale, float (&o)[D / 8][4], float (&)[2][NV]) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  // Oᵀ += Vᵀ·(P·xscale)ᵀ; tokens not loaded in this tile were zero-filled.
+  template <int Splits>
+  __device__ static void values(const std::byte* vc, const std::byte*, int mt, const float (&p)[4], float xscale,
+                                float (&o)[D / 16][4], float (&)[2][NV]) {
+    const int lane = threadIdx.x & 31, i = lane >> 3, r = lane & 7;
+    unsigned xa[Splits], xb[Splits];
+    warp::split_pack2<Operand, Splits>(p[0] * xscale, p[1] * xscale, xa);
+    warp::split_pack2<Operand, Splits>(p[2] * xscale, p[3] * xscale, xb);
+    unsigned b[Splits][2];
 #pragma unroll
-    for (int kt = 0; kt < 2; ++kt) {
-      const int tk[4] = {kt * 16 + 2 * tq, kt * 16 + 2 * tq + 1, kt * 16 + 2 * tq + 8, kt * 16 + 2 * tq + 9};
-      unsigned ah[4], al[4];
-      warp::split_half2(s[2 * kt][0] * xscale, s[2 * kt][1] * xscale, ah[0], al[0]);
-      warp::split_half2(s[2 * kt][2] * xscale, s[2 * kt][3] * xscale, ah[1], al[1]);
-      warp::split_half2(s[2 * kt + 1][0] * xscale, s[2 * kt + 1][1] * xscale, ah[2], al[2]);
-      warp::split_half2(s[2 * kt + 1][2] * xscale, s[2 * kt + 1][3] * xscale, ah[3], al[3]);
-      const unsigned short* row[4];
-      bool ok[4];
+    for (int k = 0; k < Splits; ++k) b[k][0] = warp::transpose_8x8(xa[k]), b[k][1] = warp::transpose_8x8(xb[k]);
+    const int tok = 16 * mt + (i >> 1) * 8 + r;  // a[0..3] = (dims 0-7 | 8-15) × (tok 0-7 | 8-15), transposed
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        row[k] = reinterpret_cast<const unsigned short*>(vc + std::size_t(tk[k]) * Src::vcb);
-        ok[k] = (valid >> tk[k]) & 1u;
-      }
+    for (int md = 0; md < D / 16; ++md) {
+      unsigned a[4];
+      warp::load_matrix_x4<true>(chunk(vc, tok, 2 * md + (i & 1)), a);
 #pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd) {
-        const int dim = nd * 8 + g;
-        auto v = [&](int k) -> unsigned { return ok[k] ? row[k][dim] : 0u; };
-        const unsigned b[2] = {v(0) | (v(1) << 16), v(2) | (v(3) << 16)};
-        warp::mma_16816(o[nd], ah, b);
-        if constexpr (kExact) warp::mma_16816(o[nd], al, b);
-      }
+      for (int sp = 0; sp < Splits; ++sp) warp::mma_16816<Operand>(o[md], a, b[sp]);
     }
   }
 };
 
 template <class Src>
 struct MmaDecodeConfig {
-  static constexpr int D = Src::D, R = kMmaRows;
-  static constexpr int NW = decode_warps(std::size_t(Src::kcb + Src::kmb + Src::vcb + Src::vmb));
-  static constexpr int KS = D / 16;  // k-steps of q·k
-  // Query fragments [KS][hi, lo][32 lanes] uint4, then the CTA's exponent of Q' (int).
-  static constexpr std::size_t kFragBytes = std::size_t(KS) * 2 * 32 * 16 + 16;
+  using Ops = MmaOps<Src>;
+  static_assert(Ops::kOk, "kvq: no tensor-core decode kernel for this cache type (MmaOps<Src>::kOk)");
+  static constexpr int D = Src::D, R = kMmaRows, KS = D / 16;
+  static constexpr std::size_t kTileBytes = std::size_t(Src::kcb + Src::kmb + Src::vcb + Src::vmb) * kWarpTokens;
+  // Warps and pipeline stages: the deepest pipeline whose staging stays ≤ 64 KiB per CTA
+  // (three CTAs per SM), preferring 4 warps.
+  static constexpr int NW = 3 * 4 * kTileBytes <= 65536 ? 4 : 2 * 4 * kTileBytes <= 65536 ? 4
+                          : 2 * 2 * kTileBytes <= 65536 ? 2 : 1;
+  static constexpr int NS = 3 * NW * kTileBytes <= 65536 ? 3 : 2;
+  static constexpr int kMaxSplits = std::is_same_v<typename Ops::Operand, bfloat16_t> ? 3 : 2;
+  // Query fragments [KS][kMaxSplits][32 lanes] uint2, then the CTA's exponent of Q' (int).
+  static constexpr std::size_t kFragBytes = std::size_t(KS) * kMaxSplits * 32 * 8 + 16;
   static constexpr DecodeSmem smem{std::size_t(Src::kcb), std::size_t(Src::kmb), std::size_t(Src::vcb),
-                                   std::size_t(Src::vmb), D, R, Src::NK, NW, kFragBytes};
-  static_assert(MmaOps<Src>::kOk, "kvq: no tensor-core decode kernel for this cache type (MmaOps<Src>::kOk)");
+                                   std::size_t(Src::vmb), D, R, Src::NK, NW, kFragBytes, NS};
 };
+
+// Max over the 8 lanes of a lane quarter t (lanes t, t+4, …, t+28: the tokens of a row).
+__device__ __forceinline__ float max_over_tokens(float x) {
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) x = warp::fmax_nan(x, __shfl_xor_sync(KVQ_FULL_MASK, x, off));
+  return x;
+}
+__device__ __forceinline__ float sum_over_tokens(float x) {
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) x += __shfl_xor_sync(KVQ_FULL_MASK, x, off);
+  return x;
+}
 
 // KP = DecodeKernelParams<Src, QT, OT> with MmaOps<Src>::kOk.
 template <class KP, DecodePrecision kPrecision>
 __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW * 32) decode_mma_kernel(KP a) {
-  constexpr bool kExact = kPrecision == DecodePrecision::exact;
   using Src = typename KP::source_type;
   using Cfg = MmaDecodeConfig<Src>;
   using Ops = MmaOps<Src>;
-  constexpr int D = Src::D, R = Cfg::R, NW = Cfg::NW, KS = Cfg::KS, NV = Ops::NV;
+  using Operand = typename Ops::Operand;
+  constexpr bool kHalf = std::is_same_v<Operand, half_t>;
+  constexpr int Splits = kPrecision == DecodePrecision::exact ? Cfg::kMaxSplits : 1;
+  constexpr bool kQuant = Src::kmb > 0;
+  constexpr int D = Src::D, R = Cfg::R, NW = Cfg::NW, NS = Cfg::NS, KS = Cfg::KS, NK = Src::NK, NV = Ops::NV;
   constexpr DecodeSmem S = Cfg::smem;
   std::byte* smem = reinterpret_cast<std::byte*>(kvq_decode_smem);
   float* q_s = reinterpret_cast<float*>(smem + S.q_off());
   float* qsum_s = reinterpret_cast<float*>(smem + S.qsum_off());
   float* shift_s = reinterpret_cast<float*>(smem + S.shift_off());
   int* limit_s = reinterpret_cast<int*>(smem + S.limit_off());
-  uint4* qf_s = reinterpret_cast<uint4*>(smem + S.frag_off());
-  int* qmax_s = reinterpret_cast<int*>(smem + S.frag_off() + std::size_t(KS) * 2 * 32 * 16);
+  uint2* qf_s = reinterpret_cast<uint2*>(smem + S.frag_off());
+  int* qmax_s = reinterpret_cast<int*>(smem + S.frag_off() + std::size_t(KS) * Cfg::kMaxSplits * 32 * 8);
 
-  const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const RowTile tile = row_tile(a, R);
   if (tile.rows == 0) return;  // CTA-uniform
 
-  // 1. Query rows, then their fp16 hi/lo A fragments, scaled by 2^-e so that max |Q'|
-  //    lands in [2^13, 2^14) (finite non-negative floats order like their bit patterns).
+  // 1. Query rows, then the B fragments of Q' in the permuted head-dim order, scaled by
+  //    2^-qexp so that max |Q'| lands in [2^13, 2^14) for fp16 operands (finite
+  //    non-negative floats order like their bit patterns; bf16 has fp32's range).
   if (threadIdx.x == 0) *qmax_s = 0;
   prepare_rows<KP, R, NW>(a, tile, q_s, qsum_s, shift_s, limit_s);
   __syncthreads();
-  {
+  if constexpr (kHalf) {
     float mx = 0.f;
     for (int i = threadIdx.x; i < R * D; i += NW * 32) mx = fmaxf(mx, fabsf(q_s[i]));
     mx = warp::max(mx);
     if (lane == 0 && mx == mx && mx <= 3.0e38f) atomicMax(qmax_s, __float_as_int(mx));
+    __syncthreads();
   }
-  __syncthreads();
   const float qmax = __int_as_float(*qmax_s);
-  const int qexp = qmax > 0.f ? ilogbf(qmax) - 13 : 0;  // A = Q'·2^-qexp, S = (A·B)·2^qexp
-  const float qdown = ldexpf(1.f, -qexp), qup = ldexpf(1.f, qexp);
+  const int qexp = kHalf && qmax > 0.f ? ilogbf(qmax) - 13 : 0;  // B = Q'·2^-qexp, S = (A·B)·2^qexp
+  const float qup = ldexpf(1.f, qexp);
   for (int ks = w; ks < KS; ks += NW) {
-    const float* r0 = q_s + g * D + ks * 16 + 2 * tq;
-    const float* r1 = r0 + 8 * D;
-    uint4 hi, lo;
-    warp::split_half2(r0[0] * qdown, r0[1] * qdown, hi.x, lo.x);
-    warp::split_half2(r1[0] * qdown, r1[1] * qdown, hi.y, lo.y);
-    warp::split_half2(r0[8] * qdown, r0[9] * qdown, hi.z, lo.z);
-    warp::split_half2(r1[8] * qdown, r1[9] * qdown, hi.w, lo.w);
-    qf_s[(ks * 2) * 32 + lane] = hi;
-    qf_s[(ks * 2 + 1) * 32 + lane] = lo;
+    float x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      int e;
+      const int dim = Ops::key_dim(ks, t, i, e);
+      x[i] = ldexpf(q_s[g * D + dim], -qexp - e);
+    }
+    unsigned b0[Splits], b1[Splits];
+    warp::split_pack2<Operand, Splits>(x[0], x[1], b0);
+    warp::split_pack2<Operand, Splits>(x[2], x[3], b1);
+#pragma unroll
+    for (int p = 0; p < Splits; ++p) qf_s[(ks * Splits + p) * 32 + lane] = uint2{b0[p], b1[p]};
   }
   __syncthreads();
 
-  // 2. This split's tokens.
+  // 2. This split's tokens. This lane's rows are 2t and 2t + 1.
   int tb, te;
   split_range<R>(tile, a.num_splits, limit_s, tb, te);
-  const int lim[2] = {limit_s[g], limit_s[g + 8]};
-
-  float o[D / 8][4];   // O fragments; n-tile nd = dims [8·nd, 8·nd + 8)
-  float olo[2][NV];    // Σ p·lo_v of rows g and g + 8 per value group, this lane's tokens
-  float m[2] = {neg_inf_f(), neg_inf_f()}, l[2] = {0.f, 0.f};
-  int pexp = 0;        // o holds O·2^pexp (see the p·v operand below)
+  const int lim[2] = {limit_s[2 * t], limit_s[2 * t + 1]};
+  float qsum[2][NK];
 #pragma unroll
-  for (int nd = 0; nd < D / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+  for (int k = 0; k < NK; ++k) qsum[0][k] = qsum_s[(2 * t) * NK + k], qsum[1][k] = qsum_s[(2 * t + 1) * NK + k];
+
+  float o[D / 16][4];  // Oᵀ fragments, units of 2^-pexp
+  float olo[2][NV];
+  float m[2] = {neg_inf_f(), neg_inf_f()}, l[2] = {0.f, 0.f};
+  // p·v operand p·s_v·2^pexp: quantized pages choose pexp per tile (below); fp16 pages
+  // scale p ≤ 1 by 2^13 once; bf16 needs no scaling.
+  int pexp = kQuant || !kHalf ? 0 : 13;
+#pragma unroll
+  for (int md = 0; md < D / 16; ++md) o[md][0] = o[md][1] = o[md][2] = o[md][3] = 0.f;
 #pragma unroll
   for (int gv = 0; gv < NV; ++gv) olo[0][gv] = olo[1][gv] = 0.f;
 
-  std::byte* const stage0 = smem + S.stage_off(w, 0);
-  std::byte* const stage1 = smem + S.stage_off(w, 1);
-  int t0 = tb + 32 * w;
-  unsigned valid_cur = t0 < te ? issue_tile(a, S, tile, stage0, t0, te) : 0u;
-  warp::copy_commit();
-  int cur = 0;
-  for (; t0 < te; t0 += 32 * NW) {
-    const int tn = t0 + 32 * NW;
-    const unsigned valid_next = tn < te ? issue_tile(a, S, tile, cur ? stage0 : stage1, tn, te) : 0u;
+  // NS-stage pipeline over this warp's tiles t0 = tb + 32·w, step 32·NW.
+  auto stage = [&](int i) { return smem + S.stage_off(w, i); };
+  auto issue = [&](int i, int t_begin) -> unsigned {
+    return t_begin < te ? issue_tile<KP, Ops::kKeyLayout, Ops::kValueLayout, Ops::kZeroMissingValues>(
+                              a, S, tile, stage(i), t_begin, te)
+                        : 0u;
+  };
+  unsigned valid[NS];
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) {
+    valid[i] = issue(i, tb + 32 * (w + i * NW));
     warp::copy_commit();
-    warp::copy_wait<1>();
+  }
+  int cur = 0;
+  for (int t0 = tb + 32 * w; t0 < te; t0 += 32 * NW) {
+    // Refill the stage consumed last iteration, then wait for this one.
+    const int fill = (cur + NS - 1) % NS;
+    const unsigned vfill = issue(fill, t0 + 32 * NW * (NS - 1));
+    warp::copy_commit();
+    warp::copy_wait<NS - 1>();
     __syncwarp();
-    const std::byte* st = cur ? stage1 : stage0;
+    unsigned vcur = 0;
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      if (i == cur) vcur = valid[i];
+      if (i == fill) valid[i] = vfill;
+    }
+    const std::byte* st = stage(cur);
     const std::byte* kc = st + S.kc_off();
     const std::byte* km = st + S.km_off();
     const std::byte* vc = st + S.vc_off();
     const std::byte* vm = st + S.vm_off();
 
-    // q·k. s[nt][i]: row g + 8·(i / 2), token 8·nt + 2·tq + i % 2.
-    float s[4][4];
+    // q·k: s[mt][i] = logit of token 16·mt + g + 8·(i / 2), row 2t + i % 2.
+    float s[2][4];
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-    Ops::template logits<kExact>(kc, km, qf_s, qsum_s, qup, s);
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int mt = 0; mt < 2; ++mt) {
+      s[mt][0] = s[mt][1] = s[mt][2] = s[mt][3] = 0.f;
+      Ops::template logits<Splits>(kc, km, mt, qf_s, qsum, qup, s[mt]);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int tok = nt * 8 + 2 * tq + (i & 1);
-        if (!((valid_cur >> tok) & 1u) || t0 + tok > lim[i >> 1]) s[nt][i] = neg_inf_f();
+        const int tok = 16 * mt + g + 8 * (i / 2);
+        if (!((vcur >> tok) & 1u) || t0 + tok > lim[i % 2]) s[mt][i] = neg_inf_f();
       }
+    }
 
-    // The p·v operand p·s_v·2^e, with e per tile such that the largest value scale of the
-    // tile maps into [2^13, 2^14): fp16 halves keep their precision for small scales and
-    // cannot overflow for large ones. O is kept in units of 2^-e and rescaled on change.
-    float smax = (valid_cur >> lane) & 1u ? Ops::value_scale(vm, lane) : 0.f;
-    smax = warp::max(smax);
-    const int e_new = smax > 0.f && smax <= 65504.f ? 13 - ilogbf(smax) : pexp;
-    const float rescale = ldexpf(1.f, e_new - pexp), xscale = ldexpf(1.f, e_new);
-    pexp = e_new;
+    // The p·v operand's exponent: the largest value scale of the tile maps into
+    // [2^13, 2^14), so fp16 keeps its precision for small scales and cannot overflow for
+    // large ones (clamped to ±60 so that the rescale of O stays finite).
+    float xscale = ldexpf(1.f, pexp), rescale = 1.f;
+    if constexpr (kQuant) {
+      float smax = 0.f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int tok = 16 * (k / 2) + g + 8 * (k % 2);
+        if ((vcur >> tok) & 1u) smax = fmaxf(smax, Ops::value_scale(vm, tok));
+      }
+      smax = warp::max(smax);
+      int e_new = smax > 0.f && smax <= 3.0e38f ? 13 - ilogbf(smax) : pexp;
+      e_new = e_new < -60 ? -60 : (e_new > 60 ? 60 : e_new);
+      rescale = ldexpf(1.f, e_new - pexp);
+      xscale = ldexpf(1.f, e_new);
+      pexp = e_new;
+    }
 
-    // Online softmax (log₂ domain) on rows g and g + 8; a row's 32 tokens live in the 4
-    // lanes of a quad.
+    // Online softmax (log₂ domain) on rows 2t, 2t + 1; a row's 32 tokens live in the
+    // lanes t, t + 4, …, t + 28.
 #pragma unroll
-    for (int rh = 0; rh < 2; ++rh) {
-      float mx = neg_inf_f();
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) mx = warp::fmax_nan(mx, warp::fmax_nan(s[nt][2 * rh], s[nt][2 * rh + 1]));
-      mx = warp::max_nan<4>(mx);
-      const float m_new = warp::fmax_nan(m[rh], mx);
+    for (int j = 0; j < 2; ++j) {
+      float mx = warp::fmax_nan(warp::fmax_nan(s[0][j], s[0][j + 2]), warp::fmax_nan(s[1][j], s[1][j + 2]));
+      mx = max_over_tokens(mx);
+      const float m_new = warp::fmax_nan(m[j], mx);
       float corr = 1.f, sum = 0.f;
       if (m_new != neg_inf_f()) {
-        corr = exp2f(m[rh] - m_new);
+        corr = exp2f(m[j] - m_new);
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            s[nt][2 * rh + j] = exp2f(s[nt][2 * rh + j] - m_new);
-            sum += s[nt][2 * rh + j];
+          for (int i = j; i < 4; i += 2) {
+            s[mt][i] = exp2f(s[mt][i] - m_new);
+            sum += s[mt][i];
           }
       } else {
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) s[nt][2 * rh] = s[nt][2 * rh + 1] = 0.f;
+        for (int mt = 0; mt < 2; ++mt) s[mt][j] = s[mt][j + 2] = 0.f;
       }
-      m[rh] = m_new;
-      l[rh] = fmaf(l[rh], corr, sum);
+      m[j] = m_new;
+      l[j] = fmaf(l[j], corr, sum);
+      const float oc = corr * rescale;
 #pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd) o[nd][2 * rh] *= corr * rescale, o[nd][2 * rh + 1] *= corr * rescale;
+      for (int md = 0; md < D / 16; ++md) o[md][j] *= oc, o[md][j + 2] *= oc;
 #pragma unroll
-      for (int gv = 0; gv < NV; ++gv) olo[rh][gv] *= corr;
+      for (int gv = 0; gv < NV; ++gv) olo[j][gv] *= corr;
     }
 
-    // p·v over two k-steps of 16 tokens.
-    Ops::template values<kExact>(vc, vm, valid_cur, s, xscale, o, olo);
+    // p·v.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) Ops::template values<Splits>(vc, vm, mt, s[mt], xscale, o, olo);
     __syncwarp();
-    cur ^= 1;
-    valid_cur = valid_next;
+    cur = cur + 1 == NS ? 0 : cur + 1;
   }
   warp::copy_wait<0>();
 
-  // 3. l and Σ p·lo are per-lane partials over the quad's tokens; O is complete per warp
-  //    (in units of 2^-pexp).
-  const float oscale = ldexpf(1.f, -pexp);
+  // 3. l and Σ p·lo are per-lane partials over the lane's tokens; Oᵀ is complete per warp.
 #pragma unroll
-  for (int rh = 0; rh < 2; ++rh) {
-    l[rh] += __shfl_xor_sync(KVQ_FULL_MASK, l[rh], 1);
-    l[rh] += __shfl_xor_sync(KVQ_FULL_MASK, l[rh], 2);
+  for (int j = 0; j < 2; ++j) {
+    l[j] = sum_over_tokens(l[j]);
 #pragma unroll
-    for (int gv = 0; gv < NV; ++gv) {
-      olo[rh][gv] += __shfl_xor_sync(KVQ_FULL_MASK, olo[rh][gv], 1);
-      olo[rh][gv] += __shfl_xor_sync(KVQ_FULL_MASK, olo[rh][gv], 2);
-    }
+    for (int gv = 0; gv < NV; ++gv) olo[j][gv] = sum_over_tokens(olo[j][gv]);
   }
+  __syncwarp();
   __syncthreads();  // staging buffers are free from here on
   float* acc_m = reinterpret_cast<float*>(smem);  // [NW][R][D]
   float* m_m = acc_m + NW * R * D;                 // [NW][R]
   float* l_m = m_m + NW * R;                       // [NW][R]
 #pragma unroll
-  for (int nd = 0; nd < D / 8; ++nd) {
-    const int gv = nd * 8 * NV / D, dim = nd * 8 + 2 * tq;
+  for (int md = 0; md < D / 16; ++md)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      acc_m[(w * R + g) * D + dim + j] = fmaf(o[nd][j], oscale, olo[0][gv]);
-      acc_m[(w * R + g + 8) * D + dim + j] = fmaf(o[nd][2 + j], oscale, olo[1][gv]);
+    for (int top = 0; top < 2; ++top) {
+      int e;
+      const int dim = Ops::value_dim(md, g, top, e), gv = Ops::value_group(dim);
+      const float unit = ldexpf(1.f, -pexp - e);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) acc_m[(w * R + 2 * t + j) * D + dim] = fmaf(o[md][2 * top + j], unit, olo[j][gv]);
     }
-  }
-  if (tq == 0) {
-    m_m[w * R + g] = m[0], m_m[w * R + g + 8] = m[1];
-    l_m[w * R + g] = l[0], l_m[w * R + g + 8] = l[1];
+  if (g == 0) {
+    m_m[w * R + 2 * t] = m[0], m_m[w * R + 2 * t + 1] = m[1];
+    l_m[w * R + 2 * t] = l[0], l_m[w * R + 2 * t + 1] = l[1];
   }
   __syncthreads();
 

@@ -36,10 +36,11 @@ inline constexpr int choose_rows_per_cta(int head_dim, int group, int max_q_per_
 
 // Which decode kernel runs the q·k and p·v products.
 //   simt        : fp32 CUDA cores, one token per lane (every policy, head_dim, metadata type)
-//   tensor_core : mma.sync m16n8k16 on fp16 fragments, codes unpacked exactly, the fp32
-//                 operands rounded to fp16 or split into two halves (DecodePrecision,
-//                 kernel/decode_mma.cuh); for quantized caches with fp16 metadata and fp16
-//                 caches, head_dim 64 or 128, sm_80+
+//   tensor_core : mma.sync m16n8k16 with tokens in M and 8 query rows in N, codes
+//                 unpacked exactly, the fp32 operands rounded to fp16 once or split
+//                 (DecodePrecision, kernel/decode_mma.cuh); for quantized caches whose
+//                 groups give each lane ≥ 16 bits (every preset) and fp16/bf16 caches,
+//                 sm_80+ (kvq/cuda/traits/tensor_core.hpp)
 //   automatic   : simt, until the tensor-core kernel has been measured on hardware
 enum class DecodeKernel { automatic, simt, tensor_core };
 
@@ -86,8 +87,8 @@ inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
                 "decode plan: head_dim must be 64, 128 or 256");
   KVQ_CHECK_ARG(s.num_kv_heads <= 65535, invalid_argument, "decode plan: num_kv_heads must be <= 65535");
   KVQ_CHECK_ARG(s.kernel != DecodeKernel::tensor_core || s.tensor_core_ok, unsupported,
-                "decode plan: no tensor-core kernel for this cache (it serves quantized policies with fp16 "
-                "metadata and fp16 caches, head_dim 64 or 128)");
+                "decode plan: no tensor-core kernel for this cache (it serves quantized policies with "
+                "key group x bits >= 64 and value group x bits >= 128, and fp16/bf16 caches)");
   const int group = s.num_qo_heads / s.num_kv_heads;
   plan.kernel = s.kernel == DecodeKernel::tensor_core ? DecodeKernel::tensor_core : DecodeKernel::simt;
   plan.rows = plan.kernel == DecodeKernel::tensor_core ? kMmaRows

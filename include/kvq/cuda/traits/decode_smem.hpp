@@ -11,8 +11,8 @@
 namespace kvq::cuda {
 
 // Bytes from the start of dynamic shared memory.
-//   per warp, 2 stages of: K codes [Ck][32] 16-byte chunks, K meta [32][kmb],
-//                          V codes [32][vcb], V meta [32][vmb]
+//   per warp, `stages` stages of: K codes [32 tokens][kcb] (the CUDA-core kernel: [Ck][32]
+//                          16-byte chunks), K meta [32][kmb], V codes [32][vcb], V meta [32][vmb]
 //   per warp: p [32][R] fp32
 //   per CTA : q' [R][D] fp32, Σq' per key group [R][NK] fp32, shift [R], limit [R],
 //             then `frag_bytes` for the tensor-core kernel's query fragments
@@ -22,6 +22,7 @@ struct DecodeSmem {
   std::size_t kcb = 0, kmb = 0, vcb = 0, vmb = 0;  // bytes per token
   int head_dim = 128, rows = 8, key_groups = 1, warps = 4;
   std::size_t frag_bytes = 0;
+  int stages = 2;
 
   KVQ_HOST_DEVICE constexpr std::size_t kc_off() const { return 0; }
   KVQ_HOST_DEVICE constexpr std::size_t km_off() const { return kc_off() + align_up(kcb * kWarpTokens, 16); }
@@ -29,9 +30,9 @@ struct DecodeSmem {
   KVQ_HOST_DEVICE constexpr std::size_t vm_off() const { return vc_off() + align_up(vcb * kWarpTokens, 16); }
   KVQ_HOST_DEVICE constexpr std::size_t stage_bytes() const { return vm_off() + align_up(vmb * kWarpTokens, 16); }
   KVQ_HOST_DEVICE constexpr std::size_t stage_off(int warp, int stage) const {
-    return (std::size_t(warp) * 2 + stage) * stage_bytes();
+    return (std::size_t(warp) * stages + stage) * stage_bytes();
   }
-  KVQ_HOST_DEVICE constexpr std::size_t staging_bytes() const { return std::size_t(warps) * 2 * stage_bytes(); }
+  KVQ_HOST_DEVICE constexpr std::size_t staging_bytes() const { return std::size_t(warps) * stages * stage_bytes(); }
   KVQ_HOST_DEVICE constexpr std::size_t merge_bytes() const {
     return std::size_t(warps) * rows * (head_dim + 2) * 4;
   }

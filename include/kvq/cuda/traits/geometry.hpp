@@ -14,8 +14,8 @@ namespace kvq::cuda {
 // Tokens one warp processes per step of the decode kernels (one token per lane in the
 // q·k phase).
 inline constexpr int kWarpTokens = 32;
-// Rows per CTA of the tensor-core decode kernel: one m16 tile.
-inline constexpr int kMmaRows = 16;
+// Rows per CTA of the tensor-core decode kernel: the N = 8 of m16n8k16 (tokens are M).
+inline constexpr int kMmaRows = 8;
 // Elementwise kernels (append, dequantize, rotate, merge): warps per block, one warp
 // per row item.
 inline constexpr int kRowWarpsPerBlock = 4;
