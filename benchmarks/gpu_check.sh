@@ -169,6 +169,7 @@ for b in runs:
         continue
     head, policy, batch, ctx = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
     kind = {"DecodeFP16": "fp16 pages", "DecodeFP16TC": "fp16 pages TC", "DecodeBF16": "bf16 pages",
+            "DecodeBF16TC": "bf16 pages TC",
             "Decode": f"{policy}", "DecodeTC": f"{policy} TC", "DecodeTCExact": f"{policy} TC exact"}[head]
     kind = kind.replace("_d128_half", "")
     shapes.setdefault((batch, ctx), []).append((kind, b))

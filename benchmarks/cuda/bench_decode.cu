@@ -7,8 +7,7 @@
 //                     DecodePrecision::fast; BM_DecodeTCExact: DecodePrecision::exact
 //   BM_DecodeFP16<K>  the full-precision baseline of the same design on an fp16 cache
 //                     (16-bit pages: the bytes of a BF16 cache), both kernels
-//   BM_DecodeBF16     the same on a bf16 cache with bf16 queries and outputs (the CUDA-core
-//                     kernel; the tensor-core one serves fp16 pages only)
+//   BM_DecodeBF16<K>  the same on a bf16 cache with bf16 queries and outputs, both kernels
 //   BM_Append<P>      fused quantize-append of one decode step (batch tokens) and of a
 //                     prefill chunk; tokens/s
 // Shapes: Llama-3-8B-like layer, Hkv = 8, Hq = 32 (GQA 4), head_dim 128, page 64;
@@ -268,6 +267,7 @@ KVQ_INSTANTIATIONS(KVQ_BENCH)
 BENCHMARK_TEMPLATE(BM_Decode16, half_t, cuda::DecodeKernel::simt)->Name("BM_DecodeFP16")->Apply(decode_shapes);
 BENCHMARK_TEMPLATE(BM_Decode16, half_t, cuda::DecodeKernel::tensor_core)->Name("BM_DecodeFP16TC")->Apply(decode_shapes);
 BENCHMARK_TEMPLATE(BM_Decode16, bfloat16_t, cuda::DecodeKernel::simt)->Name("BM_DecodeBF16")->Apply(decode_shapes);
+BENCHMARK_TEMPLATE(BM_Decode16, bfloat16_t, cuda::DecodeKernel::tensor_core)->Name("BM_DecodeBF16TC")->Apply(decode_shapes);
 
 }  // namespace
 

@@ -170,16 +170,17 @@ __device__ __forceinline__ void load_matrix_x4(const void* row, unsigned (&r)[4]
   }
 #else
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const unsigned char* p = static_cast<const unsigned char*>(row);
+  const unsigned long long p = reinterpret_cast<unsigned long long>(row);
+  auto at = [&](int src) { return reinterpret_cast<const unsigned char*>(__shfl_sync(KVQ_FULL_MASK, p, src)); };
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     if constexpr (Trans) {  // (M(2t, g), M(2t + 1, g))
-      const unsigned char* r0 = __shfl_sync(KVQ_FULL_MASK, p, 8 * i + 2 * t);
-      const unsigned char* r1 = __shfl_sync(KVQ_FULL_MASK, p, 8 * i + 2 * t + 1);
+      const unsigned char* r0 = at(8 * i + 2 * t);
+      const unsigned char* r1 = at(8 * i + 2 * t + 1);
       r[i] = *reinterpret_cast<const unsigned short*>(r0 + 2 * g) |
              (static_cast<unsigned>(*reinterpret_cast<const unsigned short*>(r1 + 2 * g)) << 16);
     } else {
-      r[i] = *reinterpret_cast<const unsigned*>(__shfl_sync(KVQ_FULL_MASK, p, 8 * i + g) + 4 * t);
+      r[i] = *reinterpret_cast<const unsigned*>(at(8 * i + g) + 4 * t);
     }
   }
 #endif
