@@ -146,9 +146,12 @@ bool setup_decode(Dev& dev, Args& a, int batch, int ctx) {
   cuda::DecodeShape s = a.shape();
   s.num_splits = 1;
   if (!cuda::make_decode_plan(s, plan).ok()) return false;
-  a.num_splits = cuda::suggest_num_splits(batch, kHkv, plan.row_tiles, ctx, num_sms());
+  int ctas = 1;  // resident CTAs per SM of the kernel this call launches
+  if (!cuda::decode_ctas_per_sm(a, ctas).ok()) return false;
+  a.num_splits = cuda::suggest_num_splits(batch, kHkv, plan.row_tiles, ctx, num_sms(), 256, ctas);
   a.workspace_bytes = cuda::decode_workspace_bytes(a);
   a.workspace = a.workspace_bytes ? dev.alloc<std::byte>(a.workspace_bytes) : nullptr;
+  if (a.workspace && cudaMemset(a.workspace, 0, a.workspace_bytes) != cudaSuccess) return false;  // zero once
   return !a.workspace_bytes || a.workspace;
 }
 

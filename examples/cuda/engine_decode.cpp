@@ -322,7 +322,10 @@ int main() {
                                    qa.total_q = batch;
                                    qa.num_splits = kvq::cuda::suggest_num_splits(batch, kHkv, 1, max_len, sms);
                                    qa.workspace_bytes = kvq::cuda::decode_workspace_bytes(qa);
-                                   if (qa.workspace_bytes) ws = qa.workspace = device_alloc<std::byte>(qa.workspace_bytes);
+                                   if (qa.workspace_bytes) {  // zeroed once: see DecodeArgs::workspace
+                                     ws = qa.workspace = device_alloc<std::byte>(qa.workspace_bytes);
+                                     CHECK_CUDA(cudaMemset(ws, 0, qa.workspace_bytes));
+                                   }
                                    return kvq::cuda::decode_attention(qa, nullptr);
                                  }));
       // Exact windows.

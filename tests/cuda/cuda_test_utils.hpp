@@ -37,8 +37,9 @@ template <class T>
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t n) : n_(n) {
-    if (n_ && cudaMalloc(&ptr_, n_ * sizeof(T)) != cudaSuccess) throw std::bad_alloc();
+  explicit DeviceBuffer(std::size_t n) : n_(n) {  // zero-filled (decode workspaces need it)
+    if (n_ && (cudaMalloc(&ptr_, n_ * sizeof(T)) != cudaSuccess || cudaMemset(ptr_, 0, n_ * sizeof(T)) != cudaSuccess))
+      throw std::bad_alloc();
   }
   explicit DeviceBuffer(const std::vector<T>& h) : DeviceBuffer(h.size()) { upload(h); }
   DeviceBuffer(const DeviceBuffer&) = delete;

@@ -61,6 +61,14 @@ void emu_decode(const KP& kp, const cuda::DecodePlan& plan, cuda::DecodePrecisio
     kvq_emu::launch(to_dim3(plan.merge_grid), dim3(plan.merge_block), [&] { kern::split_merge_kernel<KP>(kp); });
 }
 
+// The tensor-core kernel merges its splits in the kernel; the last CTA of each tile resets
+// its arrival counter, so the workspace is ready for the next launch.
+void expect_counters_reset(const void* workspace, const cuda::DecodePlan& plan) {
+  const auto* c = static_cast<const unsigned char*>(workspace) + plan.partial_o_bytes + plan.partial_lse_bytes;
+  EXPECT_TRUE(std::all_of(c, c + plan.counter_bytes, [](unsigned char x) { return x == 0; }))
+      << "split arrival counters were not reset";
+}
+
 // ---- append, dequantize, rotate: bit-identical -----------------------------------------
 
 template <Policy P, ActivationType T>
@@ -220,8 +228,9 @@ void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
   ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, run.kernel == cuda::DecodeKernel::tensor_core);
   const kern::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
   emu_decode(kern::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles, a.total_q,
-                                      a.workspace, nullptr),
+                                      a.workspace, nullptr, plan.merge_grid.x == 0),
              plan, run.precision);
+  expect_counters_reset(a.workspace, plan);
   const std::string what = run.kernel == cuda::DecodeKernel::tensor_core ? "tensor-core decode" : "quantized decode";
   if (fast) {
     if constexpr (P.value.centered) {
@@ -281,8 +290,9 @@ void check_dense(const Case& c, std::uint32_t seed, const Run& run = {}) {
   ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, run.kernel == cuda::DecodeKernel::tensor_core);
   const kern::DenseSource<T, D> src{a.pool, a.num_pages, a.layout};
   emu_decode(kern::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan.row_tiles,
-                                      a.total_q, a.workspace, nullptr),
+                                      a.total_q, a.workspace, nullptr, plan.merge_grid.x == 0),
              plan, run.precision);
+  expect_counters_reset(a.workspace, plan);
   const std::string what = run.kernel == cuda::DecodeKernel::tensor_core ? "tensor-core dense decode" : "dense decode";
   if (run.precision == cuda::DecodePrecision::fast) {
     const double ratio = check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, off, out, "fast " + what);

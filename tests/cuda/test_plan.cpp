@@ -137,12 +137,18 @@ TEST(CudaPlan, TensorCoreKernelChoice) {
 }
 
 TEST(CudaPlan, SuggestSplits) {
-  // Few CTAs on a big GPU → split, but never below min_tokens_per_split keys each.
-  EXPECT_EQ(suggest_num_splits(1, 8, 1, 4096, 132), 16);
-  EXPECT_EQ(suggest_num_splits(1, 8, 1, 1024, 132), 4);
-  EXPECT_EQ(suggest_num_splits(64, 8, 1, 32768, 132), 1);
-  EXPECT_EQ(suggest_num_splits(1, 1, 1, 1 << 20, 132), 256);
+  // Few CTAs on a big GPU → split up to ~85% of the best wave efficiency, never below
+  // min_tokens_per_split keys each: 8 CTAs × 14 = 112 of 132 SMs (16 splits: 128).
+  EXPECT_EQ(suggest_num_splits(1, 8, 1, 4096, 132), 14);
+  EXPECT_EQ(suggest_num_splits(1, 8, 1, 1024, 132), 4);  // capped by 256 keys per split
+  EXPECT_EQ(suggest_num_splits(64, 8, 1, 32768, 132), 1);  // 512 CTAs fill the waves
+  EXPECT_EQ(suggest_num_splits(1, 1, 1, 1 << 20, 132), 113);
   EXPECT_EQ(suggest_num_splits(0, 8, 1, 4096, 132), 1);
+  // Two resident CTAs per SM double the wave: 1×32K takes 29 splits (232 of 264 slots),
+  // 16×32K two (256 of 264), where one would leave half the wave idle.
+  EXPECT_EQ(suggest_num_splits(1, 8, 1, 32768, 132, 256, 2), 29);
+  EXPECT_EQ(suggest_num_splits(16, 8, 1, 32768, 132, 256, 2), 2);
+  EXPECT_EQ(suggest_num_splits(16, 8, 1, 32768, 132, 256, 1), 1);  // 128 of 132: no split
 }
 
 TEST(CudaPlan, RowGrid) {

@@ -22,10 +22,14 @@
   template ::kvq::Status kvq::cuda::rotate_rows<(POLICY), T>(const ::kvq::cuda::RotateArgs<(POLICY), T>&, \
                                                              ::kvq::cuda::Stream);                      \
   template ::kvq::Status kvq::cuda::decode_attention<(POLICY), T, T>(                                   \
-      const ::kvq::cuda::DecodeArgs<(POLICY), T, T>&, ::kvq::cuda::Stream);
+      const ::kvq::cuda::DecodeArgs<(POLICY), T, T>&, ::kvq::cuda::Stream);                             \
+  template ::kvq::Status kvq::cuda::decode_ctas_per_sm<(POLICY), T, T>(const ::kvq::cuda::DecodeArgs<(POLICY), T, T>&, \
+                                                                       int&);
 
 #define KVQ_CUDA_INSTANTIATE_DENSE(D, T)                                                 \
   template ::kvq::Status kvq::cuda::dense_decode_attention<T, D, T, T>(                  \
       const ::kvq::cuda::DenseDecodeArgs<T, D, T, T>&, ::kvq::cuda::Stream);             \
+  template ::kvq::Status kvq::cuda::decode_ctas_per_sm<T, D, T, T>(                      \
+      const ::kvq::cuda::DenseDecodeArgs<T, D, T, T>&, int&);                            \
   template ::kvq::Status kvq::cuda::merge_states<T>(const T*, const float*, const T*, const float*, int, int, \
                                                     T*, float*, ::kvq::cuda::Stream);

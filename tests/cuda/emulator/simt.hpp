@@ -84,6 +84,8 @@ inline unsigned __ballot_sync(unsigned, int pred) {
 inline void __syncwarp(unsigned = 0xffffffffu) { kvq_emu::warp->bar.arrive_and_wait(); }
 inline void __syncthreads() { kvq_emu::cta->bar.arrive_and_wait(); }
 inline unsigned atomicOr(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_or(v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline float __uint_as_float(unsigned u) {
   float f;
   std::memcpy(&f, &u, 4);
@@ -113,6 +115,10 @@ inline int atomicMax(int* p, int v) {
 }
 template <class T>
 T __ldg(const T* p) {
+  return *p;
+}
+template <class T>
+T __ldcg(const T* p) {
   return *p;
 }
 

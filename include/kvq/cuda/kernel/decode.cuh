@@ -15,7 +15,8 @@
 //   ŵ = s·c + lo in registers and accumulates p·ŵ for all R rows.
 // The warps' states merge through shared memory; with one split the CTA normalizes,
 // applies R_Vᵀ and ν (unless rotated_output) and writes o and lse; with several splits it
-// writes fp32 partials and split_merge_kernel finishes.
+// writes fp32 partials, which split_merge_kernel joins (the tensor-core kernel joins them
+// itself: merge_if_last_split).
 //
 // This is the fp32 CUDA-core kernel; it serves every policy, head_dim and cache type.
 // DESIGN §9: at 2 bits with GQA it is compute-bound below the bandwidth target, hence the
@@ -316,6 +317,8 @@ struct DecodeKernelParams {
   float tau;             // softmax scale τ
   float* partial_o;      // [S][total_q][Hq][D] when num_splits > 1
   float* partial_lse;    // [S][total_q][Hq]
+  unsigned* split_counters;  // arrivals per CTA tile: the kernel merges its splits (null: a
+                             // separate split_merge_kernel does)
   unsigned* error_flags;
 };
 
@@ -492,6 +495,79 @@ __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S,
   return __ballot_sync(KVQ_FULL_MASK, my_page >= 0);
 }
 
+// Joins the split partials of output row `item` (query row × Hq + query head) with one
+// warp: o = Σ_s e^{lse_s − M}·o_s / Σ_s e^{lse_s − M}, then R_Vᵀ and ν unless
+// rotated_output. The partials may come from other CTAs of the same launch: they are
+// read past L1 (ld.global.cg).
+template <class KP>
+__device__ __forceinline__ void merge_split_row(const KP& a, std::size_t item, float* scratch) {
+  using Src = typename KP::source_type;
+  constexpr int D = Src::D, E = D / 32;
+  const int lane = threadIdx.x & 31;
+  const int hq = a.p.num_qo_heads;
+  const std::size_t rows = std::size_t(a.total_q) * hq;
+  const int h = static_cast<int>(item % hq) / (hq / a.src.num_kv_heads());
+  float M = neg_inf_f();
+  for (int s = lane; s < a.num_splits; s += 32) M = warp::fmax_nan(M, __ldcg(a.partial_lse + s * rows + item));
+  M = warp::max_nan(M);
+  float x[E];
+#pragma unroll
+  for (int k = 0; k < E; ++k) x[k] = 0.f;
+  float L = 0.f;
+  if (M != neg_inf_f()) {
+    for (int s = 0; s < a.num_splits; ++s) {
+      const float ls = __ldcg(a.partial_lse + s * rows + item);
+      if (ls == neg_inf_f()) continue;
+      const float wgt = expf(ls - M);
+      L += wgt;
+      const float* o = a.partial_o + (s * rows + item) * D + lane * E;
+#pragma unroll
+      for (int k = 0; k < E; ++k) x[k] = fmaf(wgt, __ldcg(o + k), x[k]);
+    }
+  }
+  const bool empty = M == neg_inf_f() || L == 0.f;
+  const float inv_l = empty ? 0.f : 1.f / L;
+#pragma unroll
+  for (int k = 0; k < E; ++k) x[k] *= inv_l;
+  if (!empty && !a.p.rotated_output) a.src.finish(x, h, a.rotation, scratch);
+  warp::store_row<D>(a.p.out + item * D, x);
+  if (lane == 0 && a.p.lse) a.p.lse[item] = empty ? neg_inf_f() : M + logf(L);
+}
+
+// The split merge as its own launch (after the CUDA-core kernel): one warp per row.
+template <class KP>
+__global__ void __launch_bounds__(128) split_merge_kernel(KP a) {
+  __shared__ float scratch[4][KP::source_type::D];
+  const int w = threadIdx.x / 32;
+  const std::size_t item = std::size_t(blockIdx.x) * 4 + w;
+  if (item >= std::size_t(a.total_q) * a.p.num_qo_heads) return;
+  merge_split_row(a, item, scratch[w]);
+}
+
+// The split merge inside the decode kernel (split_counters set): after its partials are
+// written, each split CTA of a tile counts its arrival; the last one merges the tile's
+// rows and resets the counter for the next launch.
+template <class KP, int NW>
+__device__ __forceinline__ void merge_if_last_split(const KP& a, const RowTile& t, float* scratch) {
+  __shared__ int last_s;
+  __threadfence();  // this CTA's partials are visible device-wide before its arrival counts
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* c = a.split_counters + (std::size_t(blockIdx.x) * gridDim.y + blockIdx.y);
+    const bool last = atomicAdd(c, 1u) == static_cast<unsigned>(a.num_splits - 1);
+    if (last) *c = 0u;  // every split has arrived
+    last_s = last;
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  constexpr int D = KP::source_type::D;
+  for (int rr = threadIdx.x / 32; rr < t.rows; rr += NW) {
+    const int i = (t.r0 + rr) / t.group, j = t.h * t.group + (t.r0 + rr) % t.group;
+    merge_split_row(a, std::size_t(t.q0 + i) * t.hq + j, scratch + rr * D);
+  }
+}
+
 // Phase 4: joins the NW warp states acc [NW][R][D], m [NW][R], l [NW][R] (at the start
 // of shared memory), normalizes and writes the final output or this split's partial.
 template <class KP, int R, int NW>
@@ -535,6 +611,7 @@ __device__ __forceinline__ void write_rows(const KP& a, const RowTile& t, std::b
       if (lane == 0) a.partial_lse[prow] = lse;
     }
   }
+  if (a.num_splits > 1 && a.split_counters) merge_if_last_split<KP, NW>(a, t, q_s);
 }
 
 // ---- the CUDA-core kernel ---------------------------------------------------------------
@@ -662,54 +739,16 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
   write_rows<KP, R, NW>(a, tile, smem, q_s, shift_s);
 }
 
-// Joins the split partials of every (query row, query head): one warp each.
-template <class KP>
-__global__ void __launch_bounds__(128) split_merge_kernel(KP a) {
-  using Src = typename KP::source_type;
-  constexpr int D = Src::D, E = D / 32;
-  __shared__ float scratch[4][D];
-  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int hq = a.p.num_qo_heads;
-  const std::size_t rows = std::size_t(a.total_q) * hq;
-  const std::size_t item = std::size_t(blockIdx.x) * 4 + w;
-  if (item >= rows) return;
-  const int h = static_cast<int>(item % hq) / (hq / a.src.num_kv_heads());
-  float M = neg_inf_f();
-  for (int s = lane; s < a.num_splits; s += 32) M = warp::fmax_nan(M, a.partial_lse[s * rows + item]);
-  M = warp::max_nan(M);
-  float x[E];
-#pragma unroll
-  for (int k = 0; k < E; ++k) x[k] = 0.f;
-  float L = 0.f;
-  if (M != neg_inf_f()) {
-    for (int s = 0; s < a.num_splits; ++s) {
-      const float ls = a.partial_lse[s * rows + item];
-      if (ls == neg_inf_f()) continue;
-      const float wgt = expf(ls - M);
-      L += wgt;
-      const float* o = a.partial_o + (s * rows + item) * D + lane * E;
-#pragma unroll
-      for (int k = 0; k < E; ++k) x[k] = fmaf(wgt, o[k], x[k]);
-    }
-  }
-  const bool empty = M == neg_inf_f() || L == 0.f;
-  const float inv_l = empty ? 0.f : 1.f / L;
-#pragma unroll
-  for (int k = 0; k < E; ++k) x[k] *= inv_l;
-  if (!empty && !a.p.rotated_output) a.src.finish(x, h, a.rotation, scratch[w]);
-  warp::store_row<D>(a.p.out + item * D, x);
-  if (lane == 0 && a.p.lse) a.p.lse[item] = empty ? neg_inf_f() : M + logf(L);
-}
-
 // Kernel parameters of one decode call (shared by the launchers and the host emulator).
 // row_tiles: CTAs per (sequence, KV head, split) (DecodePlan::row_tiles); workspace: the
 // split-KV workspace laid out as kvq/cuda/traits/geometry.hpp describes (null when
-// num_splits == 1).
+// num_splits == 1); merge_in_kernel: the kernel merges its splits (its arrival counters
+// follow the lse region).
 template <class Src, ActivationType QT, ActivationType OT>
 DecodeKernelParams<Src, QT, OT> make_decode_params(const Src& src, const PageTableView& table,
                                                   const DecodeParams<QT, OT>& p, const RotationParams& r,
                                                   int num_splits, int row_tiles, int total_q, void* workspace,
-                                                  unsigned* error_flags) {
+                                                  unsigned* error_flags, bool merge_in_kernel = false) {
   DecodeKernelParams<Src, QT, OT> kp{};
   kp.src = src;
   kp.table = table;
@@ -724,6 +763,10 @@ DecodeKernelParams<Src, QT, OT> make_decode_params(const Src& src, const PageTab
   kp.partial_lse = workspace ? reinterpret_cast<float*>(static_cast<char*>(workspace) +
                                                         split_partial_o_bytes(num_splits, rows, Src::D))
                              : nullptr;
+  kp.split_counters = workspace && merge_in_kernel
+                          ? reinterpret_cast<unsigned*>(reinterpret_cast<char*>(kp.partial_lse) +
+                                                        split_partial_lse_bytes(num_splits, rows))
+                          : nullptr;
   kp.error_flags = error_flags;
   return kp;
 }

@@ -101,7 +101,10 @@ struct RotateArgs {
 // Host-visible extras:
 //   total_q       : q_indptr[batch] (rows of q/out/lse)
 //   max_q_per_seq : an upper bound of q_indptr[b+1] − q_indptr[b]
-//   num_splits    : split-KV factor; > 1 needs workspace (decode_workspace_bytes)
+//   num_splits    : split-KV factor; > 1 needs workspace (decode_workspace_bytes), zeroed
+//                   once after allocation: the tensor-core kernel merges its splits in the
+//                   kernel with arrival counters there, and every launch leaves them zero
+//                   (one workspace per stream; launches that share it must not overlap)
 //   kernel        : simt or tensor_core (see DecodeKernel in plan.hpp); asking for
 //                   tensor_core where kTensorCoreOk is false returns `unsupported`
 //                   (which caches have one: kvq/cuda/traits/tensor_core.hpp)
@@ -309,6 +312,14 @@ Status decode_attention(const DecodeArgs<P, QT, OT>& args, Stream stream);
 
 template <ActivationType T, int D, ActivationType QT, ActivationType OT>
 Status dense_decode_attention(const DenseDecodeArgs<T, D, QT, OT>& args, Stream stream);
+
+// CTAs of the kernel a decode call would launch that fit one SM of the current device
+// (cudaOccupancyMaxActiveBlocksPerMultiprocessor), for suggest_num_splits. Only the
+// host-visible shape, kernel and precision of `args` are read.
+template <Policy P, ActivationType QT, ActivationType OT>
+Status decode_ctas_per_sm(const DecodeArgs<P, QT, OT>& args, int& ctas);
+template <ActivationType T, int D, ActivationType QT, ActivationType OT>
+Status decode_ctas_per_sm(const DenseDecodeArgs<T, D, QT, OT>& args, int& ctas);
 
 // o_out, lse_out ← merge((o1, lse1), (o2, lse2)) row by row (kvq/attention/softmax.hpp).
 //   o1, o2, out : [rows, dim] of T (out may alias o1 or o2); lse: [rows] fp32

@@ -19,7 +19,8 @@ namespace detail {
 
 inline dim3 to_dim3(Dim3 d) { return dim3(d.x, d.y, d.z); }
 
-// Launches one decode kernel over plan.grid, then the split merge when there are splits.
+// Launches one decode kernel over plan.grid, then the split merge when there are splits
+// that the kernel does not merge itself.
 template <class KP>
 Status launch_decode_kernel(void (*kern)(KP), int threads, std::size_t smem, const KP& kp, const DecodePlan& plan,
                             Stream stream) {
@@ -27,46 +28,68 @@ Status launch_decode_kernel(void (*kern)(KP), int threads, std::size_t smem, con
     KVQ_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kern<<<to_dim3(plan.grid), threads, smem, stream>>>(kp);
   KVQ_CUDA_CHECK(cudaGetLastError());
-  if (kp.num_splits > 1) {
+  if (kp.num_splits > 1 && !kp.split_counters) {
     kernel::split_merge_kernel<KP><<<to_dim3(plan.merge_grid), plan.merge_block, 0, stream>>>(kp);
     KVQ_CUDA_CHECK(cudaGetLastError());
   }
   return {};
 }
 
-template <class Src, int R, ActivationType QT, ActivationType OT>
-Status launch_decode_rows(const kernel::DecodeKernelParams<Src, QT, OT>& kp, const DecodePlan& plan, Stream stream) {
-  using Cfg = kernel::DecodeConfig<Src, R>;
-  return launch_decode_kernel(&kernel::decode_kernel<kernel::DecodeKernelParams<Src, QT, OT>, R>, Cfg::NW * 32,
-                              Cfg::smem.total(), kp, plan, stream);
-}
+// The decode kernel a plan resolves to, with its block size and dynamic shared memory
+// (kernel == nullptr when no kernel exists for plan.rows at this head_dim).
+template <class KP>
+struct DecodeLaunch {
+  void (*kernel)(KP) = nullptr;
+  int threads = 0;
+  std::size_t smem = 0;
+};
 
-template <class Src, ActivationType QT, ActivationType OT>
-Status launch_decode_mma(const kernel::DecodeKernelParams<Src, QT, OT>& kp, const DecodePlan& plan,
-                         DecodePrecision precision, Stream stream) {
-  using KP = kernel::DecodeKernelParams<Src, QT, OT>;
-  using Cfg = kernel::MmaDecodeConfig<Src>;
-  return launch_decode_kernel(precision == DecodePrecision::exact
-                                  ? &kernel::decode_mma_kernel<KP, DecodePrecision::exact>
-                                  : &kernel::decode_mma_kernel<KP, DecodePrecision::fast>,
-                              Cfg::NW * 32, Cfg::smem.total(), kp, plan, stream);
-}
-
-// Picks the kernel for plan.rows; only row counts allowed at this head_dim exist.
-template <class Src, ActivationType QT, ActivationType OT>
-Status launch_decode(const kernel::DecodeKernelParams<Src, QT, OT>& kp, const DecodePlan& plan, Stream stream) {
+template <class KP, bool kTensorCoreOk>
+DecodeLaunch<KP> select_decode_kernel(const DecodePlan& plan, DecodePrecision precision) {
+  using Src = typename KP::source_type;
+  if constexpr (kTensorCoreOk) {
+    if (plan.kernel == DecodeKernel::tensor_core) {
+      using Cfg = kernel::MmaDecodeConfig<Src>;
+      return {precision == DecodePrecision::exact ? &kernel::decode_mma_kernel<KP, DecodePrecision::exact>
+                                                  : &kernel::decode_mma_kernel<KP, DecodePrecision::fast>,
+              Cfg::NW * 32, Cfg::smem.total()};
+    }
+  }
+  auto rows = [&]<int R>() -> DecodeLaunch<KP> {
+    using Cfg = kernel::DecodeConfig<Src, R>;
+    return {&kernel::decode_kernel<KP, R>, Cfg::NW * 32, Cfg::smem.total()};
+  };
   constexpr int cap = max_rows_per_cta(Src::D);
   switch (plan.rows) {
-    case 4: return launch_decode_rows<Src, 4>(kp, plan, stream);
+    case 4: return rows.template operator()<4>();
     case 8:
-      if constexpr (cap >= 8) return launch_decode_rows<Src, 8>(kp, plan, stream);
+      if constexpr (cap >= 8) return rows.template operator()<8>();
       break;
     case 16:
-      if constexpr (cap >= 16) return launch_decode_rows<Src, 16>(kp, plan, stream);
+      if constexpr (cap >= 16) return rows.template operator()<16>();
       break;
     default: break;
   }
-  return {StatusCode::unsupported, "cuda attention: no kernel for " + std::to_string(plan.rows) + " rows per CTA"};
+  return {};
+}
+
+template <class KP, bool kTensorCoreOk>
+Status launch_decode(const KP& kp, const DecodePlan& plan, DecodePrecision precision, Stream stream) {
+  const DecodeLaunch<KP> l = select_decode_kernel<KP, kTensorCoreOk>(plan, precision);
+  if (!l.kernel)
+    return {StatusCode::unsupported, "cuda attention: no kernel for " + std::to_string(plan.rows) + " rows per CTA"};
+  return launch_decode_kernel(l.kernel, l.threads, l.smem, kp, plan, stream);
+}
+
+template <class KP, bool kTensorCoreOk>
+Status ctas_per_sm(const DecodePlan& plan, DecodePrecision precision, int& ctas) {
+  const DecodeLaunch<KP> l = select_decode_kernel<KP, kTensorCoreOk>(plan, precision);
+  if (!l.kernel)
+    return {StatusCode::unsupported, "cuda attention: no kernel for " + std::to_string(plan.rows) + " rows per CTA"};
+  if (l.smem > 48 * 1024)
+    KVQ_CUDA_CHECK(cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
+  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, l.kernel, l.threads, l.smem));
+  return {};
 }
 
 }  // namespace detail
@@ -108,11 +131,9 @@ Status decode_attention(const DecodeArgs<P, QT, OT>& a, Stream stream) {
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
   const kernel::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
   const auto kp = kernel::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles,
-                                             a.total_q, a.workspace, a.error_flags);
-  if constexpr (DecodeArgs<P, QT, OT>::kTensorCoreOk) {
-    if (plan.kernel == DecodeKernel::tensor_core) return detail::launch_decode_mma(kp, plan, a.precision, stream);
-  }
-  return detail::launch_decode(kp, plan, stream);
+                                             a.total_q, a.workspace, a.error_flags, plan.merge_grid.x == 0);
+  return detail::launch_decode<std::decay_t<decltype(kp)>, DecodeArgs<P, QT, OT>::kTensorCoreOk>(kp, plan, a.precision,
+                                                                                                 stream);
 }
 
 template <ActivationType T, int D, ActivationType QT, ActivationType OT>
@@ -122,11 +143,26 @@ Status dense_decode_attention(const DenseDecodeArgs<T, D, QT, OT>& a, Stream str
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
   const kernel::DenseSource<T, D> src{a.pool, a.num_pages, a.layout};
   const auto kp = kernel::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits,
-                                             plan.row_tiles, a.total_q, a.workspace, a.error_flags);
-  if constexpr (DenseDecodeArgs<T, D, QT, OT>::kTensorCoreOk) {
-    if (plan.kernel == DecodeKernel::tensor_core) return detail::launch_decode_mma(kp, plan, a.precision, stream);
-  }
-  return detail::launch_decode(kp, plan, stream);
+                                             plan.row_tiles, a.total_q, a.workspace, a.error_flags,
+                                             plan.merge_grid.x == 0);
+  return detail::launch_decode<std::decay_t<decltype(kp)>, DenseDecodeArgs<T, D, QT, OT>::kTensorCoreOk>(
+      kp, plan, a.precision, stream);
+}
+
+template <Policy P, ActivationType QT, ActivationType OT>
+Status decode_ctas_per_sm(const DecodeArgs<P, QT, OT>& a, int& ctas) {
+  DecodePlan plan;
+  KVQ_RETURN_IF_ERROR(make_decode_plan(a.shape(), plan));
+  using KP = kernel::DecodeKernelParams<kernel::QuantSource<P>, QT, OT>;
+  return detail::ctas_per_sm<KP, DecodeArgs<P, QT, OT>::kTensorCoreOk>(plan, a.precision, ctas);
+}
+
+template <ActivationType T, int D, ActivationType QT, ActivationType OT>
+Status decode_ctas_per_sm(const DenseDecodeArgs<T, D, QT, OT>& a, int& ctas) {
+  DecodePlan plan;
+  KVQ_RETURN_IF_ERROR(make_decode_plan(a.shape(), plan));
+  using KP = kernel::DecodeKernelParams<kernel::DenseSource<T, D>, QT, OT>;
+  return detail::ctas_per_sm<KP, DenseDecodeArgs<T, D, QT, OT>::kTensorCoreOk>(plan, a.precision, ctas);
 }
 
 template <ActivationType T>

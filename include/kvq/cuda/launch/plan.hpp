@@ -66,11 +66,13 @@ struct DecodePlan {
   int rows = 0;       // query rows per CTA
   int row_tiles = 0;  // CTAs per (sequence, KV head, split)
   Dim3 grid{};        // x: batch × row_tiles, y: KV heads, z: splits
-  Dim3 merge_grid{};  // split merge: one warp per (query row, query head)
+  Dim3 merge_grid{};  // split merge kernel: one warp per (query row, query head); x = 0
+                      // when the decode kernel merges its splits itself (tensor_core)
   int merge_block = 128;
   std::size_t partial_o_bytes = 0;    // workspace: [S][total_q][Hq][D] fp32
   std::size_t partial_lse_bytes = 0;  // workspace: [S][total_q][Hq] fp32
-  std::size_t workspace_bytes() const { return partial_o_bytes + partial_lse_bytes; }
+  std::size_t counter_bytes = 0;      // workspace: arrival counters (geometry.hpp), tensor_core
+  std::size_t workspace_bytes() const { return partial_o_bytes + partial_lse_bytes + counter_bytes; }
 };
 
 inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
@@ -98,32 +100,45 @@ inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
   KVQ_CHECK_ARG(x < (1ll << 31), invalid_argument, "decode plan: batch × row tiles exceeds the grid limit");
   plan.grid = {static_cast<unsigned>(x), static_cast<unsigned>(s.num_kv_heads), static_cast<unsigned>(s.num_splits)};
   const std::size_t rows_total = std::size_t(s.total_q) * s.num_qo_heads;
+  plan.partial_o_bytes = plan.partial_lse_bytes = plan.counter_bytes = 0;
+  plan.merge_grid = {0, 1, 1};
   if (s.num_splits > 1) {
     plan.partial_o_bytes = split_partial_o_bytes(s.num_splits, rows_total, s.head_dim);
     plan.partial_lse_bytes = split_partial_lse_bytes(s.num_splits, rows_total);
-    const std::size_t warps_per_block = plan.merge_block / 32;
-    const std::size_t blocks = (rows_total + warps_per_block - 1) / warps_per_block;
-    KVQ_CHECK_ARG(blocks < (1ull << 31), invalid_argument, "decode plan: too many rows for the merge grid");
-    plan.merge_grid = {static_cast<unsigned>(blocks), 1, 1};
-  } else {
-    plan.partial_o_bytes = plan.partial_lse_bytes = 0;
-    plan.merge_grid = {0, 1, 1};
+    if (plan.kernel == DecodeKernel::tensor_core) {
+      plan.counter_bytes = split_counter_bytes(std::size_t(x) * s.num_kv_heads);
+    } else {
+      const std::size_t warps_per_block = plan.merge_block / 32;
+      const std::size_t blocks = (rows_total + warps_per_block - 1) / warps_per_block;
+      KVQ_CHECK_ARG(blocks < (1ull << 31), invalid_argument, "decode plan: too many rows for the merge grid");
+      plan.merge_grid = {static_cast<unsigned>(blocks), 1, 1};
+    }
   }
   return {};
 }
 
-// A split factor that gives about two waves of CTAs on `num_sms` SMs while leaving
-// every split at least `min_tokens_per_split` keys of the longest sequence.
+// A split factor by FlashAttention-2's wave rule: a wave is num_sms × ctas_per_sm
+// resident CTAs (decode_ctas_per_sm); a grid that fills 80% of a wave without splits
+// gets none; otherwise the smallest factor whose wave efficiency (CTAs / whole waves)
+// is within 85% of the best, with every split at least `min_tokens_per_split` keys of
+// the longest sequence (and at most 256 splits).
 inline int suggest_num_splits(int batch, int num_kv_heads, int row_tiles, int max_seq_len, int num_sms,
-                              int min_tokens_per_split = 256) {
+                              int min_tokens_per_split = 256, int ctas_per_sm = 1) {
   const long long base = static_cast<long long>(batch) * num_kv_heads * (row_tiles < 1 ? 1 : row_tiles);
   if (base <= 0 || max_seq_len <= 0 || num_sms <= 0) return 1;
-  const long long want = (2ll * num_sms + base - 1) / base;
+  const long long wave = static_cast<long long>(num_sms) * (ctas_per_sm < 1 ? 1 : ctas_per_sm);
+  if (10 * base >= 8 * wave) return 1;
   long long cap = max_seq_len / (min_tokens_per_split < 1 ? 1 : min_tokens_per_split);
-  if (cap < 1) cap = 1;
-  long long s = want < cap ? want : cap;
-  if (s > 256) s = 256;
-  return s < 1 ? 1 : static_cast<int>(s);
+  cap = cap < 1 ? 1 : (cap > 256 ? 256 : cap);
+  auto efficiency = [&](long long s) {
+    const long long ctas = base * s, waves = (ctas + wave - 1) / wave;
+    return double(ctas) / double(waves * wave);
+  };
+  double best = 0;
+  for (long long s = 1; s <= cap; ++s) best = efficiency(s) > best ? efficiency(s) : best;
+  for (long long s = 1; s <= cap; ++s)
+    if (efficiency(s) >= 0.85 * best) return static_cast<int>(s);
+  return 1;
 }
 
 // Grid of the elementwise kernels (append, dequantize, rotate, merge): one warp per row
