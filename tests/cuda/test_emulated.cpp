@@ -178,6 +178,7 @@ struct Run {
   NanTokens nan{};
   int* nan_rows = nullptr;        // out: rows the reference has NaN in
   double* bound_ratio = nullptr;  // out (fast): the largest error / bound
+  bool bad_page = false;          // sequence 0's first page points outside the pool
 };
 
 template <Policy P, ActivationType T>
@@ -211,7 +212,9 @@ void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
 
   cuda::DecodeArgs<P, T, T> a;
   a.cache = {pool.data(), tab.num_pages, layout};
-  a.table = tab.host();
+  RaggedTable kernel_tab = tab;
+  if (run.bad_page) kernel_tab.indices[kernel_tab.indptr[0]] = tab.num_pages + 7;
+  a.table = kernel_tab.host();
   const bool fast = run.precision == cuda::DecodePrecision::fast;
   a.params = {q.data(), qs.indptr.data(), hq, off, 0.f, c.rotated || fast, out.data(), lse.data()};
   a.rotation = rot.host();
@@ -227,10 +230,24 @@ void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
   ASSERT_TRUE(cuda::validate(a, plan).ok()) << cuda::validate(a, plan).to_string();
   ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, run.kernel == cuda::DecodeKernel::tensor_core);
   const kern::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
+  unsigned flags = 0;
   emu_decode(kern::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles, a.total_q,
-                                      a.workspace, nullptr, plan.merge_grid.x == 0),
+                                      a.workspace, &flags, plan.merge_grid.x == 0),
              plan, run.precision);
   expect_counters_reset(a.workspace, plan);
+  EXPECT_EQ(flags, run.bad_page ? unsigned(cuda::kBadPage) : 0u);
+  if (run.bad_page) {
+    // The bad page's tokens are skipped (flagged, never read): sequence 0's rows stay
+    // finite (or empty: o = 0, lse = −∞); the other sequences must match the reference.
+    for (std::size_t r = std::size_t(qs.indptr[0]) * hq; r < std::size_t(qs.indptr[1]) * hq; ++r) {
+      EXPECT_TRUE(std::isfinite(lse[r]) || lse[r] == -INFINITY) << "row " << r;
+      for (int d = 0; d < D; ++d) {
+        EXPECT_TRUE(std::isfinite(to_float(out[r * D + d]))) << "row " << r;
+        ref[r * D + d] = to_float(out[r * D + d]);
+      }
+      lse_ref[r] = lse[r];
+    }
+  }
   const std::string what = run.kernel == cuda::DecodeKernel::tensor_core ? "tensor-core decode" : "quantized decode";
   if (fast) {
     if constexpr (P.value.centered) {
@@ -470,6 +487,14 @@ TEST(CudaEmulated, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
       check_decode<P, half_t>(c, 95, {.kernel = kernel, .nan = nan, .nan_rows = &nan_rows});
       EXPECT_EQ(nan_rows, 4 * 3) << "splits " << splits;  // 4 query heads × (seq 0, seq 1's second, seq 3's second)
     }
+}
+// A page index outside the pool (sequence 0's first page) is skipped and flagged, by both
+// kernels and both staging paths (pages of 64: one page per warp tile; 16: per token).
+TEST(CudaEmulated, BadPageIndexIsSkippedAndFlagged) {
+  constexpr Policy P = presets::K4V2_HC.with_head_dim(128);
+  for (const auto kernel : {cuda::DecodeKernel::simt, cuda::DecodeKernel::tensor_core})
+    for (const std::size_t i : {std::size_t(0), std::size_t(2)})
+      check_decode<P, half_t>(cases()[i], 140 + static_cast<std::uint32_t>(i), {.kernel = kernel, .bad_page = true});
 }
 // DecodePrecision::fast (one fp16 operand per product) stays within the bound stated in
 // kernel/decode_mma.cuh against fp64 attention over the dequantized cache: quantized

@@ -374,6 +374,30 @@ __device__ __forceinline__ void stage_rows(std::byte* dst, int n, int my_page, i
   }
 }
 
+// stage_rows for a tile whose n tokens are consecutive slots of one page: the region is
+// one contiguous run from `src` (null: the page is invalid, nothing is copied), so a
+// lane's chunks need no page lookup.
+template <int RowBytes, StageLayout L, bool kZeroMissing = false>
+__device__ __forceinline__ void stage_run(std::byte* dst, int n, const std::byte* src) {
+  if constexpr (RowBytes > 0) {
+    constexpr int Chunk = L != StageLayout::linear ? 16 : (RowBytes % 16 == 0 ? 16 : (RowBytes % 8 == 0 ? 8 : 4));
+    constexpr int CPT = RowBytes / Chunk;
+    const int lane = warp::lane_id();
+    const int copied = src ? n * CPT : 0, items = kZeroMissing ? kWarpTokens * CPT : copied;
+    for (int idx = lane; idx < items; idx += 32) {
+      const int t = idx / CPT, c = idx % CPT;
+      std::byte* d = L == StageLayout::transposed ? dst + (std::size_t(c) * 32 + t) * 16
+                     : L == StageLayout::swizzled ? dst + std::size_t(t) * RowBytes + (c ^ (t & 7)) * Chunk
+                                                  : dst + std::size_t(idx) * Chunk;
+      if (idx < copied) {
+        warp::copy_async<Chunk>(d, src + std::size_t(idx) * Chunk);
+      } else if constexpr (kZeroMissing) {
+        *reinterpret_cast<uint4*>(d) = uint4{0u, 0u, 0u, 0u};
+      }
+    }
+  }
+}
+
 #ifndef KVQ_CUDA_HOST_EMULATION  // tests/cuda/emulator provides its own buffer
 extern __shared__ uint4 kvq_decode_smem[];
 #endif
@@ -472,8 +496,22 @@ template <class KP, StageLayout KL = StageLayout::transposed, StageLayout VL = S
 __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S, const RowTile& t, std::byte* st, int t0,
                                                int te) {
   using Src = typename KP::source_type;
+  constexpr auto lin = StageLayout::linear;
   const int lane = threadIdx.x & 31;
   const int n = te - t0 < 32 ? te - t0 : 32;
+  const int h = t.h;
+  if (a.table.page_size % kWarpTokens == 0) {
+    // Tiles start at multiples of 32 (split_chunk): the whole tile is one page's run.
+    const int pg = a.table.indices[a.table.indptr[t.b] + t0 / a.table.page_size];
+    const int slot = t0 % a.table.page_size;
+    const bool ok = pg >= 0 && pg < a.src.num_pages;
+    if (!ok && lane == 0 && a.error_flags) atomicOr(a.error_flags, static_cast<unsigned>(kBadPage));
+    stage_run<Src::kcb, KL>(st + S.kc_off(), n, ok ? a.src.k_codes(pg, h, slot) : nullptr);
+    stage_run<Src::kmb, lin>(st + S.km_off(), n, ok ? a.src.k_meta(pg, h, slot) : nullptr);
+    stage_run<Src::vcb, VL, kZeroMissingValues>(st + S.vc_off(), n, ok ? a.src.v_codes(pg, h, slot) : nullptr);
+    stage_run<Src::vmb, lin>(st + S.vm_off(), n, ok ? a.src.v_meta(pg, h, slot) : nullptr);
+    return ok ? (n == 32 ? KVQ_FULL_MASK : (1u << n) - 1u) : 0u;
+  }
   int my_page = -1, my_slot = 0;
   if (lane < n) {
     const int tok = t0 + lane;
@@ -485,8 +523,6 @@ __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S,
       atomicOr(a.error_flags, static_cast<unsigned>(kBadPage));
     }
   }
-  const int h = t.h;
-  constexpr auto lin = StageLayout::linear;
   stage_rows<Src::kcb, KL>(st + S.kc_off(), n, my_page, my_slot, [&](int pg, int sl) { return a.src.k_codes(pg, h, sl); });
   stage_rows<Src::kmb, lin>(st + S.km_off(), n, my_page, my_slot, [&](int pg, int sl) { return a.src.k_meta(pg, h, sl); });
   stage_rows<Src::vcb, VL, kZeroMissingValues>(st + S.vc_off(), n, my_page, my_slot,
