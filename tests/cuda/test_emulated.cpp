@@ -367,19 +367,68 @@ TEST(CudaEmulated, MmaFollowsThePtxFragmentLayout) {
       for (int k = 0; k < 16; ++k) want += double(A[r][k]) * B[k][n];
       EXPECT_EQ(Dout[r][n], static_cast<float>(want)) << r << "," << n;
     }
-  // Operand packing: codes are exact, hi + lo carries 22 bits (for |x| ≥ 2^-3, where the
-  // low half stays a normal fp16; the kernel scales its operands into that range).
-  for (unsigned c = 0; c < 256; ++c) {
-    const unsigned h = cuda::warp::codes_to_half2(c, 255 - c);
-    EXPECT_EQ(to_float(half_t::from_bits(static_cast<std::uint16_t>(h & 0xffff))), float(c));
-    EXPECT_EQ(to_float(half_t::from_bits(static_cast<std::uint16_t>(h >> 16))), float(255 - c));
-  }
+  // Operand packing: hi + lo carries 22 bits (for |x| ≥ 2^-3, where the low half stays a
+  // normal fp16; the kernel scales its operands into that range).
   for (float x : {1.f / 3.f, -12345.678f, 0.2f, 0.f}) {
-    unsigned hi, lo;
-    cuda::warp::split_half2(x, -x, hi, lo);
-    const double got = double(to_float(half_t::from_bits(static_cast<std::uint16_t>(hi & 0xffff)))) +
-                       to_float(half_t::from_bits(static_cast<std::uint16_t>(lo & 0xffff)));
+    unsigned p[2];
+    cuda::warp::split_pack2<half_t, 2>(x, -x, p);
+    const double got = double(to_float(half_t::from_bits(static_cast<std::uint16_t>(p[0] & 0xffff)))) +
+                       to_float(half_t::from_bits(static_cast<std::uint16_t>(p[1] & 0xffff)));
     EXPECT_LE(std::abs(got - x), 2.5e-7 * std::abs(x) + 1e-12) << x;
+  }
+}
+
+// The tensor-core kernel's exact code unpacking: every fp16 pair of a key run (two codes
+// of one token) and of a value run (one code of two tokens) holds the codes its tables
+// name times 2^exp, and the tables cover each code of the run exactly once.
+template <int Bits>
+unsigned packed_code(const std::uint8_t* run, int i) {
+  return (run[i * Bits / 8] >> (i * Bits % 8)) & ((1u << Bits) - 1u);
+}
+float pair_half(unsigned reg, int hi) { return to_float(half_t::from_bits(static_cast<std::uint16_t>(hi ? reg >> 16 : reg))); }
+
+template <int Bits, int RunBits>
+void check_key_run(std::mt19937& gen) {
+  using KR = kern::KeyRun<Bits, RunBits>;
+  alignas(16) std::uint8_t run[RunBits / 8];
+  for (auto& b : run) b = static_cast<std::uint8_t>(gen());
+  unsigned u[KR::kPairs];
+  KR::unpack(reinterpret_cast<const std::byte*>(run), u);
+  std::vector<int> seen(RunBits / Bits, 0);
+  for (int r = 0; r < KR::kPairs; ++r) {
+    const float scale = std::ldexp(1.f, KR::exp(r));
+    EXPECT_EQ(pair_half(u[r], 0), float(packed_code<Bits>(run, KR::lo(r))) * scale) << Bits << "/" << RunBits << " r " << r;
+    EXPECT_EQ(pair_half(u[r], 1), float(packed_code<Bits>(run, KR::hi(r))) * scale) << Bits << "/" << RunBits << " r " << r;
+    ++seen[KR::lo(r)], ++seen[KR::hi(r)];
+  }
+  EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; })) << Bits << "/" << RunBits;
+}
+
+template <int Bits, int RunBits>
+void check_value_run(std::mt19937& gen) {
+  using VR = kern::ValueRun<Bits, RunBits>;
+  alignas(16) std::uint8_t a[RunBits / 8], b[RunBits / 8];
+  for (auto& x : a) x = static_cast<std::uint8_t>(gen());
+  for (auto& x : b) x = static_cast<std::uint8_t>(gen());
+  unsigned u[VR::kPairs];
+  VR::unpack(reinterpret_cast<const std::byte*>(a), reinterpret_cast<const std::byte*>(b), u);
+  std::vector<int> seen(RunBits / Bits, 0);
+  for (int r = 0; r < VR::kPairs; ++r) {
+    const float scale = std::ldexp(1.f, VR::exp(r));
+    EXPECT_EQ(pair_half(u[r], 0), float(packed_code<Bits>(a, VR::code(r))) * scale) << Bits << "/" << RunBits << " r " << r;
+    EXPECT_EQ(pair_half(u[r], 1), float(packed_code<Bits>(b, VR::code(r))) * scale) << Bits << "/" << RunBits << " r " << r;
+    ++seen[VR::code(r)];
+  }
+  EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; })) << Bits << "/" << RunBits;
+}
+
+TEST(CudaEmulated, CodeUnpackingIsExactAndCoversEveryCode) {
+  std::mt19937 gen(11);
+  for (int rep = 0; rep < 50; ++rep) {
+    check_key_run<2, 16>(gen), check_key_run<4, 16>(gen), check_key_run<2, 32>(gen), check_key_run<4, 32>(gen);
+    check_key_run<8, 32>(gen), check_key_run<2, 64>(gen), check_key_run<4, 128>(gen), check_key_run<8, 256>(gen);
+    check_value_run<2, 16>(gen), check_value_run<4, 16>(gen), check_value_run<8, 16>(gen), check_value_run<2, 32>(gen);
+    check_value_run<4, 64>(gen), check_value_run<8, 128>(gen);
   }
 }
 

@@ -101,19 +101,6 @@ __device__ __forceinline__ void split_pack2(float x0, float x1, unsigned (&out)[
   }
 }
 
-// The fp16 hi + lo pair of split_pack2<half_t, 2>, by name (tests, docs).
-__device__ __forceinline__ void split_half2(float x0, float x1, unsigned& hi, unsigned& lo) {
-  unsigned p[2];
-  split_pack2<half_t, 2>(x0, x1, p);
-  hi = p[0], lo = p[1];
-}
-
-// Two small unsigned integers (codes, < 1024) as an exact fp16 pair: 0x6400 | c is the
-// fp16 value 1024 + c, and subtracting 1024 is exact.
-__device__ __forceinline__ unsigned codes_to_half2(unsigned c0, unsigned c1) {
-  return half_bits(static_cast<float>(c0)) | (half_bits(static_cast<float>(c1)) << 16);
-}
-
 // An fp16 pair (1024 + x0, 1024 + x1), x < 1024 integers → (x0, x1), exactly (HSUB2).
 __device__ __forceinline__ unsigned unbias_half2(unsigned biased) {
 #if defined(__CUDA_ARCH__)
