@@ -49,7 +49,20 @@ void check_block(int n, int rows, std::uint32_t seed) {
     }
   }
   auto block = std::make_unique<kvq::detail::Int8ValueBlock<Bits, G, D>>();
+  // The portable weights first: the fast ones (four rows folded together with AVX-512)
+  // must equal them bit for bit, every padded row written.
+  auto twin = std::make_unique<kvq::detail::Int8ValueBlock<Bits, G, D>>();
+  std::memset(twin.get(), 0x5a, sizeof *twin);
+  ASSERT_TRUE(twin->set_weights_generic(p, rows_padded, scale, lo));
+  std::memset(block.get(), 0xa5, sizeof *block);
   ASSERT_TRUE(block->set_weights(p, rows_padded, scale, lo));
+  for (int r = 0; r < rows_padded; ++r)
+    for (int g = 0; g < groups; ++g) {
+      ASSERT_EQ(std::memcmp(block->w8[r][g], twin->w8[r][g], kTokensPerBlock), 0) << "row " << r << " group " << g;
+      ASSERT_EQ(std::memcmp(&block->sigma[r][g], &twin->sigma[r][g], 4), 0) << "row " << r << " group " << g;
+      ASSERT_EQ(std::memcmp(&block->bias[r][g], &twin->bias[r][g], 4), 0) << "row " << r << " group " << g;
+      ASSERT_EQ(block->w8_sum[r][g], twin->w8_sum[r][g]) << "row " << r << " group " << g;
+    }
   // Poisoned integer sums: every lane of every padded row must be written.
   std::memset(block->isum, 0x7f, sizeof block->isum);
   block->accumulate(codes.data(), n, rows_padded);
@@ -172,6 +185,19 @@ TEST(Int8Values, NegativeOrNonFiniteWeightsAreRefused) {
   EXPECT_FALSE(block->set_weights(p, 1, scale, lo));
   p[0][2] = 0.5f;
   EXPECT_TRUE(block->set_weights(p, 1, scale, lo));
+  // Both paths refuse the same blocks, whichever of four folded rows holds the bad weight.
+  for (int rows_padded : {4, 8})
+    for (int bad = 0; bad < rows_padded; ++bad) {
+      for (int r = 0; r < rows_padded; ++r)
+        for (int j = 0; j < 8; ++j) p[r][j] = 0.25f + 0.05f * float(r);
+      EXPECT_TRUE(block->set_weights(p, rows_padded, scale, lo));
+      p[bad][bad % 8] = -0.5f;
+      EXPECT_FALSE(block->set_weights(p, rows_padded, scale, lo)) << "row " << bad;
+      EXPECT_FALSE(block->set_weights_generic(p, rows_padded, scale, lo)) << "row " << bad;
+      p[bad][bad % 8] = INFINITY;
+      EXPECT_FALSE(block->set_weights(p, rows_padded, scale, lo)) << "row " << bad;
+      EXPECT_FALSE(block->set_weights_generic(p, rows_padded, scale, lo)) << "row " << bad;
+    }
 }
 
 // Decode with int8 value weights, alone and with the int8 query. Against fp64 attention

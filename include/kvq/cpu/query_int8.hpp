@@ -32,6 +32,7 @@
 
 #include "kvq/core/config.hpp"
 #include "kvq/core/quantizer.hpp"
+#include "kvq/cpu/code_fields.hpp"
 #include "kvq/cpu/isa.hpp"
 #include "kvq/cpu/tile.hpp"
 
@@ -342,12 +343,11 @@ struct Int8Query {
 #if KVQ_CPU_AVX512_VNNI
   // Chunk z (64 bytes) of the slab-ordered codes, unpacked in registers.
   static KVQ_FORCE_INLINE __m512i code_chunk(const std::uint8_t* codes, int z) {
-    const __m512i mask = _mm512_set1_epi8(char((1u << Bits) - 1u));
     if constexpr (Bits == 8) {
       return _mm512_loadu_si512(codes + 64 * z);
     } else if constexpr (kSlabBytes >= 64) {
       const int k = 64 * z / kSlabBytes, j0 = 64 * z % kSlabBytes;
-      return _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(codes + j0), unsigned(k * Bits)), mask);
+      return code_field<Bits>(_mm512_loadu_si512(codes + j0), k);
     } else if constexpr (kSlabBytes == 32) {  // two slabs per chunk
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
       const __m256i m = _mm256_set1_epi8(char((1u << Bits) - 1u));
@@ -457,7 +457,6 @@ struct Int8Query {
         }
       return idx;
     }();
-    const __m512i mask = _mm512_set1_epi8(char((1u << Bits) - 1u));
     constexpr int kQuadTokens = 4 * kTokensPerRow;
     alignas(64) std::uint16_t quad_copy[64];  // a quad's metadata gathered, zero past n
     alignas(64) __m512 partial[kMaxRowsPerPass][kQuads];
@@ -484,7 +483,7 @@ struct Int8Query {
         __m512i c[4][kSlabs];
         KVQ_UNROLL for (int m = 0; m < 4; ++m)
           KVQ_UNROLL for (int k = 0; k < kSlabs; ++k)
-            c[m][k] = Bits == 8 ? u[m] : _mm512_and_si512(k == 0 ? u[m] : _mm512_srli_epi16(u[m], unsigned(k * Bits)), mask);
+            c[m][k] = code_field<Bits>(u[m], k);
         // Scale and lo of each lane's (token, group), widened to fp32.
         __m512 s_vec[kClasses], lo_vec[kClasses];
         // The quad's metadata in place when its tokens are consecutive slots of one page

@@ -171,6 +171,41 @@ KVQ_FORCE_INLINE void sum_lanes_8x8(const FloatVec<8>* x, float* out) {
 }
 #endif
 
+#if KVQ_CPU_AVX512
+// Four 16-lane reductions folded together, each in the halving order of sum_lanes<16> /
+// max_lanes<16> (lane l ∘ l + 8, then l + 4, l + 2, l + 1), so each result equals its
+// one-row fold bit for bit; the rows share the shuffles and the latency chain. ∘ is
+// b > a ? b : a (max_lanes' select, also for the sign of zero) or a + b; the builtins
+// behind the masked forms are never contracted into an FMA. Row q's result is lane 4q.
+KVQ_FORCE_INLINE __m512 fold_op(__m512 a, __m512 b, bool max) {
+  return max ? _mm512_mask_blend_ps(_mm512_cmp_ps_mask(b, a, _CMP_GT_OQ), a, b) : _mm512_maskz_add_ps(0xFFFF, a, b);
+}
+
+KVQ_FORCE_INLINE __m512 fold_rows4(__m512 v0, __m512 v1, __m512 v2, __m512 v3, bool max) {
+  auto op = [max](__m512 a, __m512 b) { return fold_op(a, b, max); };
+  // [a.lo256 | b.lo256] ∘ [a.hi256 | b.hi256]: lane l ∘ lane l + 8 of rows a and b.
+  auto halves = [&](__m512 a, __m512 b) {
+    return op(_mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0x44), _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0xEE));
+  };
+  const __m512 ab = halves(v0, v1), cd = halves(v2, v3);
+  // Lane l ∘ lane l + 4: 128-bit lane q of the result holds row q's four partials.
+  __m512 x = op(_mm512_maskz_shuffle_f32x4(0xFFFF, ab, cd, 0x88), _mm512_maskz_shuffle_f32x4(0xFFFF, ab, cd, 0xDD));
+  x = op(x, _mm512_maskz_permute_ps(0xFFFF, x, 0x4E));     // l ∘ l + 2
+  return op(x, _mm512_maskz_permute_ps(0xFFFF, x, 0xB1));  // l ∘ l + 1
+}
+
+// The integer sums of four rows (exact, so any order would do), row q in lane 4q.
+KVQ_FORCE_INLINE __m512i fold_rows4_epi32(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
+  auto halves = [](__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_maskz_shuffle_i32x4(0xFFFF, a, b, 0x44), _mm512_maskz_shuffle_i32x4(0xFFFF, a, b, 0xEE));
+  };
+  const __m512i ab = halves(v0, v1), cd = halves(v2, v3);
+  __m512i x = _mm512_add_epi32(_mm512_maskz_shuffle_i32x4(0xFFFF, ab, cd, 0x88), _mm512_maskz_shuffle_i32x4(0xFFFF, ab, cd, 0xDD));
+  x = _mm512_add_epi32(x, _mm512_maskz_shuffle_epi32(0xFFFF, x, _MM_PERM_BADC));
+  return _mm512_add_epi32(x, _mm512_maskz_shuffle_epi32(0xFFFF, x, _MM_PERM_CDAB));
+}
+#endif
+
 // out[m] = sum_lanes<W>(v[m]) for m < 16, with the same additions in the same order,
 // but the 16 reductions share their shuffles: a transpose-and-add tree of 45
 // instructions at W = 16 instead of 16·8.

@@ -34,6 +34,7 @@
 
 #include "kvq/core/config.hpp"
 #include "kvq/core/quantizer.hpp"
+#include "kvq/cpu/code_fields.hpp"
 #include "kvq/cpu/isa.hpp"
 #include "kvq/cpu/tile.hpp"
 
@@ -100,6 +101,21 @@ struct Int8ValueBlock {
   bool set_weights(const float (*p)[kTokensPerBlock], int rows_padded, const float (*scale)[kTokensPerBlock],
                    const float (*lo)[kTokensPerBlock]) {
     static_assert(kTokensPerBlock == 32);
+#if KVQ_GNU_HOST && KVQ_CPU_AVX512
+    bool usable = true;
+    for (int g = 0; g < kGroups; ++g)
+      for (int r0 = 0; r0 < rows_padded; r0 += 4)
+        usable = set_weights_rows4(p, r0, std::min(4, rows_padded - r0), g, scale[g], lo[g]) && usable;
+    return usable;
+#else
+    return set_weights_generic(p, rows_padded, scale, lo);
+#endif
+  }
+
+  // set_weights in portable loops: the same w8, σ, bias and Σw8 for usable blocks (the
+  // SIMD path leaves w8 unspecified when it returns false).
+  bool set_weights_generic(const float (*p)[kTokensPerBlock], int rows_padded, const float (*scale)[kTokensPerBlock],
+                           const float (*lo)[kTokensPerBlock]) {
     bool usable = true;
     for (int r = 0; r < rows_padded; ++r)
       for (int g = 0; g < kGroups; ++g) usable = set_group_weights(p[r], scale[g], lo[g], r, g) && usable;
@@ -171,43 +187,8 @@ struct Int8ValueBlock {
     return m[0];
   }
 
-  // Row r, group g of set_weights; false when the group's weights are unusable.
+  // Row r, group g of set_weights_generic; false when the group's weights are unusable.
   bool set_group_weights(const float* p, const float* scale, const float* lo, int r, int g) {
-#if KVQ_GNU_HOST && KVQ_CPU_AVX512  // 64-byte vectors are native: no ABI notes, no splitting
-    using V = FloatVec<16>;
-    using Ints = typename GnuVec<std::int32_t, 16>::type;
-    using Bytes = typename GnuVec<std::uint8_t, 16>::type;
-    const V p0 = load_vec<16>(p), p1 = load_vec<16>(p + 16);
-    const V w0 = p0 * load_vec<16>(scale), w1 = p1 * load_vec<16>(scale + 16);
-    const V zero = zero_vec<16>();
-    // The select keeps a NaN weight out of the maximum; the bias's sum catches it.
-    V largest = w0 > zero ? w0 : zero;
-    largest = w1 > largest ? w1 : largest;
-    const bool negative = (_mm512_cmp_ps_mask(w0, zero, _CMP_LT_OQ) | _mm512_cmp_ps_mask(w1, zero, _CMP_LT_OQ)) != 0;
-    // Per lane Σp·lo + μ·Σw, then one halving sum.
-    const V lanes = (p0 * load_vec<16>(lo) + p1 * load_vec<16>(lo + 16)) + float(kMid) * (w0 + w1);
-    const float top = max_lanes<16>(largest);
-    const float b = sum_lanes<16>(lanes);
-    const float inv = top > 0.f ? 255.f / top : 0.f;
-    sigma[r][g] = top / 255.f;
-    bias[r][g] = b;
-    V x0 = w0 * inv, x1 = w1 * inv;
-    x0 = x0 > zero ? x0 : zero;  // NaN → 0
-    x1 = x1 > zero ? x1 : zero;
-    x0 = x0 < 255.f ? x0 : zero + 255.f;
-    x1 = x1 < 255.f ? x1 : zero + 255.f;
-    const Ints q0 = __builtin_convertvector(x0 + 0.5f, Ints), q1 = __builtin_convertvector(x1 + 0.5f, Ints);
-    const Bytes b0 = __builtin_convertvector(q0, Bytes), b1 = __builtin_convertvector(q1, Bytes);
-    std::memcpy(&w8[r][g][0], &b0, 16);
-    std::memcpy(&w8[r][g][16], &b1, 16);
-    const Ints q = q0 + q1;
-    using Ints8 = typename GnuVec<std::int32_t, 8>::type;
-    using Ints4 = typename GnuVec<std::int32_t, 4>::type;
-    const Ints8 q8 = __builtin_shufflevector(q, q, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(q, q, 8, 9, 10, 11, 12, 13, 14, 15);
-    const Ints4 q4 = __builtin_shufflevector(q8, q8, 0, 1, 2, 3) + __builtin_shufflevector(q8, q8, 4, 5, 6, 7);
-    w8_sum[r][g] = (q4[0] + q4[1]) + (q4[2] + q4[3]);
-    return !negative && b - b == 0.f;
-#else
     float w[kTokensPerBlock], big[16], lanes[16];
     bool negative = false;
     for (int k = 0; k < 16; ++k) {
@@ -233,8 +214,65 @@ struct Int8ValueBlock {
     }
     w8_sum[r][g] = total;
     return !negative && b - b == 0.f;
-#endif
   }
+
+#if KVQ_GNU_HOST && KVQ_CPU_AVX512  // 64-byte vectors are native: no ABI notes, no splitting
+  // Group g of rows r0 .. r0 + live − 1 (live ≤ 4; the other lanes of the fold are unused):
+  // the per-row arithmetic of set_group_weights on vectors (the same expressions, so the
+  // same contractions), with the four rows' maxima and sums folded together by
+  // fold_rows4 in the halving order of fold_lanes16: one reduction chain for four rows.
+  // A group that will be rejected (negative or non-finite weights) skips the clamps: its
+  // w8 are never read.
+  bool set_weights_rows4(const float (*p)[kTokensPerBlock], int r0, int live, int g, const float* scale,
+                         const float* lo) {
+    using V = FloatVec<16>;
+    using Ints = typename GnuVec<std::int32_t, 16>::type;
+    using Bytes = typename GnuVec<std::uint8_t, 16>::type;
+    const V s0 = load_vec<16>(scale), s1 = load_vec<16>(scale + 16);
+    const V lo0 = load_vec<16>(lo), lo1 = load_vec<16>(lo + 16);
+    const V zero = zero_vec<16>();
+    V w0[4], w1[4], largest[4], lanes[4];
+    __mmask16 negative = 0;
+    KVQ_UNROLL for (int q = 0; q < 4; ++q) {
+      const V p0 = q < live ? load_vec<16>(p[r0 + q]) : zero, p1 = q < live ? load_vec<16>(p[r0 + q] + 16) : zero;
+      w0[q] = p0 * s0;
+      w1[q] = p1 * s1;
+      // The select keeps a NaN weight out of the maximum; the bias's sum catches it.
+      largest[q] = w0[q] > zero ? w0[q] : zero;
+      largest[q] = w1[q] > largest[q] ? w1[q] : largest[q];
+      negative |= _mm512_cmp_ps_mask(w0[q], zero, _CMP_LT_OQ) | _mm512_cmp_ps_mask(w1[q], zero, _CMP_LT_OQ);
+      // Per lane Σp·lo + μ·Σw, then one halving sum.
+      lanes[q] = (p0 * lo0 + p1 * lo1) + float(kMid) * (w0[q] + w1[q]);
+    }
+    alignas(64) float top[16], bias_lanes[16];
+    _mm512_store_ps(top, fold_rows4(largest[0], largest[1], largest[2], largest[3], true));
+    _mm512_store_ps(bias_lanes, fold_rows4(lanes[0], lanes[1], lanes[2], lanes[3], false));
+    bool finite = true;
+    __m512i count[4];
+    KVQ_UNROLL for (int q = 0; q < 4; ++q) {
+      const float t = top[4 * q], b = bias_lanes[4 * q];
+      const float inv = t > 0.f ? 255.f / t : 0.f;
+      // w ∈ [0, t] gives w·inv ≤ 255·(1 + 2⁻²²): + 0.5 and truncation stay ≤ 255.
+      // Two roundings, as in set_group_weights: the masked builtins are not contracted.
+      const __m512 inv_vec = _mm512_set1_ps(inv), half = _mm512_set1_ps(0.5f);
+      const Ints q0 = __builtin_convertvector(V(_mm512_maskz_add_ps(0xFFFF, _mm512_maskz_mul_ps(0xFFFF, w0[q], inv_vec), half)), Ints);
+      const Ints q1 = __builtin_convertvector(V(_mm512_maskz_add_ps(0xFFFF, _mm512_maskz_mul_ps(0xFFFF, w1[q], inv_vec), half)), Ints);
+      count[q] = __m512i(q0 + q1);
+      if (q >= live) continue;
+      finite = finite && b - b == 0.f;
+      const int r = r0 + q;
+      sigma[r][g] = t / 255.f;
+      bias[r][g] = b;
+      const Bytes b0 = __builtin_convertvector(q0, Bytes), b1 = __builtin_convertvector(q1, Bytes);
+      std::memcpy(&w8[r][g][0], &b0, 16);
+      std::memcpy(&w8[r][g][16], &b1, 16);
+    }
+    alignas(64) std::int32_t sums[16];
+    _mm512_store_si512(sums, fold_rows4_epi32(count[0], count[1], count[2], count[3]));
+    for (int q = 0; q < live; ++q) w8_sum[r0 + q][g] = sums[4 * q];
+    return negative == 0 && finite;
+  }
+#endif
 
 #if KVQ_CPU_AVX512_VNNI && KVQ_CPU_AVX512_VBMI
   // Rows [r0, r0 + RB), 16 code bytes of four tokens per step: one zmm holds the four
@@ -258,7 +296,6 @@ struct Int8ValueBlock {
                                          59, 43, 27, 11, 58, 42, 26, 10, 57, 41, 25, 9, 56, 40, 24, 8,    //
                                          55, 39, 23, 7, 54, 38, 22, 6, 53, 37, 21, 5, 52, 36, 20, 4,      //
                                          51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
-    const __m512i mask = _mm512_set1_epi8(char(kMask));
     for (int c = 0; c < kRowBytes; c += 16) {
       __m512i acc[RB][kSlabs];
       KVQ_UNROLL for (int r = 0; r < RB; ++r)
@@ -292,8 +329,7 @@ struct Int8ValueBlock {
           w[r] = _mm512_set1_epi32(four);
         }
         KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
-          const __m512i slab = Bits == 8 ? _mm512_xor_si512(z, _mm512_set1_epi8(char(0x80)))
-                                         : _mm512_and_si512(k == 0 ? z : _mm512_srli_epi16(z, k * Bits), mask);
+          const __m512i slab = Bits == 8 ? _mm512_xor_si512(z, _mm512_set1_epi8(char(0x80))) : code_field<Bits>(z, k);
           KVQ_UNROLL for (int r = 0; r < RB; ++r) acc[r][k] = _mm512_dpbusd_epi32(acc[r][k], w[r], slab);
         }
       }
