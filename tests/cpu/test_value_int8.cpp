@@ -74,6 +74,10 @@ void check_block(int n, int rows, std::uint32_t seed) {
   std::vector<float> acc(std::size_t(rows_padded) * D);
   for (auto& x : acc) x = 0.25f;
   block->add_to(acc.data(), rows_padded);
+  // The fused pass (sums added from registers) gives the same floats.
+  std::vector<float> fused(acc.size(), 0.25f);
+  block->accumulate_add(codes.data(), n, rows_padded, fused.data());
+  ASSERT_EQ(std::memcmp(fused.data(), acc.data(), acc.size() * sizeof(float)), 0);
   for (int r = 0; r < rows_padded; ++r) {
     double sigma[groups];
     for (int g = 0; g < groups; ++g) {

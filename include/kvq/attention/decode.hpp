@@ -201,8 +201,7 @@ struct QuantizedTileSource {
       alignas(64) float scale[kGroups][kTokensPerBlock], lo[kGroups][kTokensPerBlock];
       decode_meta_block<P.value.meta, kGroups>(raw, scale, lo);
       if (!v8->set_weights(p, rows_padded, scale, lo)) return false;
-      v8->accumulate(codes, n, rows_padded);
-      v8->add_to(acc, rows_padded);
+      v8->accumulate_add(codes, n, rows_padded, acc);
       return true;
     } else {
       return false;

@@ -138,9 +138,9 @@ struct Int8ValueBlock {
   void accumulate(const std::uint8_t* const* codes, int n, int rows_padded) {
 #if KVQ_CPU_AVX512_VNNI && KVQ_CPU_AVX512_VBMI
     if (rows_padded == 1) {
-      accumulate_vnni<1>(codes, n, 0);
+      accumulate_vnni<1>(codes, n, 0, nullptr);
     } else {
-      for (int r0 = 0; r0 < rows_padded; r0 += 4) accumulate_vnni<4>(codes, n, r0);
+      for (int r0 = 0; r0 < rows_padded; r0 += 4) accumulate_vnni<4>(codes, n, r0, nullptr);
     }
 #elif KVQ_CPU_AVX2
     if constexpr (Bits <= 4) {
@@ -150,6 +150,21 @@ struct Int8ValueBlock {
     }
 #else
     accumulate_generic(codes, n, rows_padded);
+#endif
+  }
+
+  // accumulate then add_to: with AVX-512 VNNI + VBMI in one pass, each integer sum going
+  // into acc from registers (the same expression as add_to's, so the same floats).
+  void accumulate_add(const std::uint8_t* const* codes, int n, int rows_padded, float* acc) {
+#if KVQ_CPU_AVX512_VNNI && KVQ_CPU_AVX512_VBMI
+    if (rows_padded == 1) {
+      accumulate_vnni<1>(codes, n, 0, acc);
+    } else {
+      for (int r0 = 0; r0 < rows_padded; r0 += 4) accumulate_vnni<4>(codes, n, r0, acc);
+    }
+#else
+    accumulate(codes, n, rows_padded);
+    add_to(acc, rows_padded);
 #endif
   }
 
@@ -290,8 +305,33 @@ struct Int8ValueBlock {
     return idx;
   }();
 
+  // acc += vpdpbusd(w, codes) with the accumulator tied to its register. Through the
+  // intrinsic, GCC 12 copied each of the 16 loop-carried accumulators of accumulate_vnni
+  // out and back on every iteration (32 zmm moves, two spills); bit-identical, 6% faster
+  // decode.
+  static KVQ_FORCE_INLINE void dpbusd_in_place(__m512i& acc, __m512i w, __m512i codes) {
+    asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(codes));
+  }
+
+  // With out set, the sums go into out [rows][D] as add_to would add them; isum is not
+  // written.
   template <int RB>
-  KVQ_FORCE_INLINE void accumulate_vnni(const std::uint8_t* const* codes, int n, int r0) {
+  KVQ_FORCE_INLINE void accumulate_vnni(const std::uint8_t* const* codes, int n, int r0, float* out) {
+    // Decided once per block, so that the token loop has no branch (a branch there also
+    // made GCC 12 copy the accumulators each iteration).
+    bool quads_contiguous = kRowBytes <= 32 && n % 4 == 0;
+    for (int j = 0; j < n && quads_contiguous; j += 4)
+      quads_contiguous = codes[j + 1] == codes[j] + kRowBytes && codes[j + 2] == codes[j] + 2 * kRowBytes &&
+                         codes[j + 3] == codes[j] + 3 * kRowBytes;
+    if (quads_contiguous) {
+      accumulate_vnni_quads<RB, true>(codes, n, r0, out);
+    } else {
+      accumulate_vnni_quads<RB, false>(codes, n, r0, out);
+    }
+  }
+
+  template <int RB, bool kContiguous>
+  KVQ_FORCE_INLINE void accumulate_vnni_quads(const std::uint8_t* const* codes, int n, int r0, float* out) {
     const __m512i quad = _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12,  //
                                          59, 43, 27, 11, 58, 42, 26, 10, 57, 41, 25, 9, 56, 40, 24, 8,    //
                                          55, 39, 23, 7, 54, 38, 22, 6, 53, 37, 21, 5, 52, 36, 20, 4,      //
@@ -301,13 +341,9 @@ struct Int8ValueBlock {
       KVQ_UNROLL for (int r = 0; r < RB; ++r)
         KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) acc[r][k] = _mm512_setzero_si512();
       for (int j = 0; j < n; j += 4) {
-        // Tokens past n have weight 0; they read token j's codes.
-        const std::uint8_t* t1 = codes[j + 1 < n ? j + 1 : j];
-        const std::uint8_t* t2 = codes[j + 2 < n ? j + 2 : j];
-        const std::uint8_t* t3 = codes[j + 3 < n ? j + 3 : j];
         __m512i z;
         const std::uint8_t* t0 = codes[j];
-        if (kRowBytes <= 32 && t1 == t0 + kRowBytes && t2 == t0 + 2 * kRowBytes && t3 == t0 + 3 * kRowBytes) {
+        if constexpr (kContiguous) {
           // Four consecutive rows of one page: one or two loads and one byte permute.
           if constexpr (kRowBytes == 16) {
             z = _mm512_maskz_permutexvar_epi8(~__mmask64(0), quad, _mm512_loadu_si512(t0));
@@ -316,6 +352,10 @@ struct Int8ValueBlock {
             z = _mm512_maskz_permutex2var_epi8(~__mmask64(0), _mm512_loadu_si512(t0), index, _mm512_loadu_si512(t0 + 64));
           }
         } else {
+          // Tokens past n have weight 0; they read token j's codes.
+          const std::uint8_t* t1 = codes[j + 1 < n ? j + 1 : j];
+          const std::uint8_t* t2 = codes[j + 2 < n ? j + 2 : j];
+          const std::uint8_t* t3 = codes[j + 3 < n ? j + 3 : j];
           z = _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t0 + c)));
           z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t1 + c)), 1);
           z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t2 + c)), 2);
@@ -330,14 +370,24 @@ struct Int8ValueBlock {
         }
         KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
           const __m512i slab = Bits == 8 ? _mm512_xor_si512(z, _mm512_set1_epi8(char(0x80))) : code_field<Bits>(z, k);
-          KVQ_UNROLL for (int r = 0; r < RB; ++r) acc[r][k] = _mm512_dpbusd_epi32(acc[r][k], w[r], slab);
+          KVQ_UNROLL for (int r = 0; r < RB; ++r) dpbusd_in_place(acc[r][k], w[r], slab);
         }
       }
       KVQ_UNROLL for (int r = 0; r < RB; ++r) {
-        const __m512i offset = _mm512_set1_epi32(Bits == 8 ? 0 : kMid * w8_sum[r0 + r][c / kGroupBytes]);
-        KVQ_UNROLL for (int k = 0; k < kSlabs; ++k)
-          _mm512_store_si512(reinterpret_cast<__m512i*>(&isum[r0 + r][k * kRowBytes + c]),
-                             _mm512_sub_epi32(acc[r][k], offset));
+        const int g = c / kGroupBytes;
+        const __m512i offset = _mm512_set1_epi32(Bits == 8 ? 0 : kMid * w8_sum[r0 + r][g]);
+        KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
+          const __m512i sums = _mm512_sub_epi32(acc[r][k], offset);
+          const int i = k * kRowBytes + c;
+          if (out) {
+            using Ints = typename GnuVec<std::int32_t, 16>::type;
+            float* dst = out + (r0 + r) * D + i;
+            const float sg = sigma[r0 + r][g], b = bias[r0 + r][g];
+            store_vec<16>(dst, load_vec<16>(dst) + (sg * __builtin_convertvector(Ints(sums), FloatVec<16>) + b));
+          } else {
+            _mm512_store_si512(reinterpret_cast<__m512i*>(&isum[r0 + r][i]), sums);
+          }
+        }
       }
     }
   }
