@@ -133,29 +133,50 @@ struct Int8Query {
   alignas(64) float residual_lanes[kTRows][kClasses][16];  // μ·R of the group / its lanes per token
   alignas(64) float sum_lanes_t[kTRows][kClasses][16];     // Σq' of the group / its lanes per token
 
+  static constexpr std::array<int, D> kSlabPosition = [] {
+    std::array<int, D> pos{};
+    for (int i = 0; i < D; ++i) pos[i] = slab_position<Bits, D>(i);
+    return pos;
+  }();
+
+  // Σ x_i over a group [G] as eight partial sums (i mod 8) added pairwise: a fixed order
+  // that does not wait on one addition chain (the sequential sums took half of set_row).
+  template <class T>
+  static KVQ_FORCE_INLINE T sum_strided(const T* x) {
+    static_assert(G % 8 == 0);
+    T part[8] = {};
+    for (int i = 0; i < G; i += 8)
+      for (int u = 0; u < 8; ++u) part[u] += x[i + u];
+    return ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+  }
+
   // Quantizes row r from q' [D] (natural order, already × τ). A non-finite group makes
   // its lanes' factor NaN, so every logit of the row is NaN, as in the fp32 path.
   void set_row(int r, const float* q) {
     float sig[kGroups], sum[kGroups], res[kGroups];
+    alignas(64) std::int8_t codes[D];  // natural order
+    // Each step in its own loop, so that they vectorize; the sums run in eight
+    // independent chains (sum_strided), the same order on every target.
     for (int g = 0; g < kGroups; ++g) {
-      float amax = 0.f, total = 0.f;
+      const float* x = q + g * G;
+      float amax = 0.f;
       bool finite = true;
-      for (int i = g * G; i < (g + 1) * G; ++i) {
-        finite = finite && std::isfinite(q[i]);
-        amax = std::max(amax, std::abs(q[i]));
-        total += q[i];
+      for (int i = 0; i < G; ++i) {
+        finite = finite && std::isfinite(x[i]);
+        amax = std::max(amax, std::abs(x[i]));
       }
+      const float total = sum_strided<float>(x);
       sig[g] = !finite ? __builtin_nanf("") : amax / 127.f;
       sum[g] = total;
       const float inv = amax > 0.f && finite ? 127.f / amax : 0.f;
-      double rounding = 0;  // R_g = Σ (q'_i − σ·q8_i), each term exact in fp64
-      for (int i = g * G; i < (g + 1) * G; ++i) {
-        const std::int8_t v = std::int8_t(finite ? std::nearbyint(q[i] * inv) : 0.f);
-        q8[r][slab_position<Bits, D>(i)] = v;
-        rounding += double(q[i]) - double(sig[g]) * v;
-      }
+      // |x·inv| ≤ 127 for finite groups; a non-finite group's codes are 0.
+      for (int i = 0; i < G; ++i) codes[g * G + i] = std::int8_t(finite ? std::nearbyint(x[i] * inv) : 0.f);
+      double terms[G];  // q'_i − σ·q8_i, each exact in fp64
+      for (int i = 0; i < G; ++i) terms[i] = double(x[i]) - double(sig[g]) * codes[g * G + i];
+      const double rounding = sum_strided<double>(terms);  // R_g
       res[g] = finite ? kMidCode * float(rounding) : sig[g];  // NaN for a non-finite group
     }
+    for (int i = 0; i < D; ++i) q8[r][kSlabPosition[i]] = codes[i];
     for (int lane = 0; lane < kAccLanes; ++lane) {
       const int g = kLaneGroup[lane];
       sigma[r][lane] = sig[g];
