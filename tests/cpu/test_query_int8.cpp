@@ -164,7 +164,9 @@ void check_int8_decode(const char* label, double output_ratio, double lse_ratio,
   auto c = kvq::test::make_paged_case<P>(seed, page_size, hkv, hq, lens, qlens);
   ASSERT_TRUE(c.append_all(seed).ok());
   const auto e = kvq::test::decode_errors<P>(c, {kvq::KeyScoring::int8_query});
-  const auto &lse = e.lse, &cached_lse = e.cached_lse, &full_lse = e.full_lse;
+  const auto& lse = e.lse;
+  const auto& cached_lse = e.cached_lse;
+  const auto& full_lse = e.full_lse;
   const double int8_err = e.err, cache_err = e.cache_err;
   double int8_lse = 0, cache_lse = 0;
   for (std::size_t r = 0; r < lse.size(); ++r) {

@@ -216,7 +216,9 @@ void check_decode(const char* label, kvq::KeyScoring keys, double output_ratio, 
   ASSERT_TRUE(c.append_all(seed).ok());
   const kvq::CpuDecodeOptions opt{keys, kvq::ValueAccumulation::int8_weights};
   const auto e = kvq::test::decode_errors<P>(c, opt);
-  const auto &lse = e.lse, &cached = e.cached, &cached_lse = e.cached_lse;
+  const auto& lse = e.lse;
+  const auto& cached = e.cached;
+  const auto& cached_lse = e.cached_lse;
   const double err = e.err, cache_err = e.cache_err;
   EXPECT_LE(err, output_ratio * cache_err) << label;
   EXPECT_GT(err, 1e-6) << label;  // the int8 path really ran: it is not the fp32 one
