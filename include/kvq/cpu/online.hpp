@@ -20,6 +20,21 @@ namespace kvq::detail {
 // Rows a pass computes: 1, or `rows` rounded up to the 4-row blocks of tile.hpp.
 constexpr int padded_rows(int rows) { return rows == 1 ? 1 : (rows + 3) / 4 * 4; }
 
+// Row r's running maximum becomes max(m, block_max) (a NaN block_max keeps m: the NaN
+// logits then poison the weights); l and acc are rescaled when it rises. Returns the new
+// maximum, the shift of the block's exp.
+template <int D>
+KVQ_FORCE_INLINE float raise_row_max(int r, float block_max, float* acc, float* m, float* l) {
+  const float m_new = std::max(m[r], block_max);
+  const float correction = m_new == m[r] ? 1.f : exp_f(m[r] - m_new);  // 0 when m was −∞
+  if (correction != 1.f) {
+    l[r] *= correction;
+    for (int i = 0; i < D; ++i) acc[r * D + i] *= correction;
+  }
+  m[r] = m_new;
+  return m_new;
+}
+
 // The softmax step of one block for row r: masks the tokens row r does not see (and
 // the tail past n) to −∞, rescales m, l and acc when the block raises the maximum, and
 // turns s[r] into the probability weights. Returns whether the row has a nonzero (or
@@ -36,13 +51,7 @@ KVQ_FORCE_INLINE bool softmax_row(float (*s)[kTokensPerBlock], int r, const int*
     std::fill(sr, sr + kTokensPerBlock, 0.f);
     return false;
   }
-  const float m_new = std::max(m[r], block_max);
-  const float correction = m_new == m[r] ? 1.f : exp_f(m[r] - m_new);  // 0 when m was −∞
-  if (correction != 1.f) {
-    l[r] *= correction;
-    for (int i = 0; i < D; ++i) acc[r * D + i] *= correction;
-  }
-  m[r] = m_new;
+  const float m_new = raise_row_max<D>(r, block_max, acc, m, l);
   const float block_sum = exp_shifted_block(sr, m_new);  // now the probability weights
   l[r] += block_sum;
   return block_sum != 0.f;
@@ -80,15 +89,7 @@ KVQ_FORCE_INLINE bool softmax_rows4(float (*s)[kTokensPerBlock], int r0, int row
     const float block_max = nan[q] ? __builtin_nanf("") : lanes[4 * q];
     seen[q] = block_max != neg_inf_f();
     shift[q] = 0.f;  // rows that see nothing: exp(−∞ − 0) = 0 everywhere
-    if (!seen[q]) continue;
-    const float m_new = std::max(m[r], block_max);
-    const float correction = m_new == m[r] ? 1.f : exp_f(m[r] - m_new);  // 0 when m was −∞
-    if (correction != 1.f) {
-      l[r] *= correction;
-      for (int i = 0; i < D; ++i) acc[r * D + i] *= correction;
-    }
-    m[r] = m_new;
-    shift[q] = m_new;
+    if (seen[q]) shift[q] = raise_row_max<D>(r, block_max, acc, m, l);
   }
   using Bits = GnuVec<std::uint32_t, 16>::type;
   __m512 partial[4];
