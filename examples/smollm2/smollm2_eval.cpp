@@ -274,6 +274,7 @@ struct PasskeyArgs {
   int trials = 20, answer_tokens = 8;
   int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   unsigned seed = 1;
+  bool no_fp32 = false;  // skip the fp32 reference (its answers depend only on seed, lengths, trials)
 };
 
 // One retrieval prompt: a 5-digit key at a random depth of repeated filler, then the
@@ -318,6 +319,10 @@ int cmd_passkey(const std::string& model_path, const PasskeyArgs& a, const Param
     lengths.push_back(n);
   }
   std::vector<Run> runs = make_runs(a.policies, a.layer_policies, m.cfg.n_layers, m.cfg.head_dim);
+  if (a.no_fp32) {
+    if (runs.size() == 1) throw kvq::Error(kvq::StatusCode::invalid_argument, "--no-fp32 leaves no policy to run");
+    runs.erase(runs.begin());
+  }
   std::mt19937 haystack_rng(a.seed);
   const auto haystack = make_passkey_prompt(L->tok, 2048, haystack_rng).ids;
   sources.resolve(*L, runs, haystack, "a 2048-token passkey prompt", ca);
@@ -619,6 +624,8 @@ int main(int argc, char** argv) {
   pk->add_option("--threads", pa.threads, "trials run in parallel, one (prompt, policy) per thread (default: all cores)")
       ->check(CLI::PositiveNumber);
   pk->add_option("--csv", pa.csv, "also write the table as CSV");
+  pk->add_flag("--no-fp32", pa.no_fp32,
+               "skip the fp32 reference run (the same --seed, --lengths and --trials give the same prompts and answers)");
   pk_sources.add_options(pk);
 
   CaptureArgs cpa;

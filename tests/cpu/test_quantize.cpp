@@ -48,6 +48,14 @@ std::vector<std::vector<float>> test_rows(std::uint32_t seed) {
   rows.push_back(r);                                        // beyond fp16: saturating metadata
   for (int i = 0; i < D; ++i) r[i] = 3e38f * (1.f - float(i % 3) * 0.01f);
   rows.push_back(r);                                        // finite, but sums overflow
+  for (float sign : {1.f, -1.f}) {
+    for (int i = 0; i < D; ++i) r[i] = sign * (1e6f + float(i % 3) * 0.0625f);
+    rows.push_back(r);                                      // lo beyond fp16, small range
+  }
+  for (int i = 0; i < D; ++i) r[i] = i % 2 ? 3e38f : 1e30f;
+  rows.push_back(r);                                        // codes far beyond 2^31 before the clamp
+  std::fill(r.begin(), r.end(), 1e30f + 1e24f);
+  rows.push_back(r);                                        // constant, lo rounded by bf16 metadata
   for (int i = 0; i < D; ++i) r[i] = float(i) * 1e-40f;
   rows.push_back(r);                                        // denormals
   for (int special : {0, 1, 2}) {

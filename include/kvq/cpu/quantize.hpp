@@ -16,10 +16,16 @@
 //             max is recomputed by the scalar fold.
 //   metadata  scale = (hi − lo)/levels, the fp16 rounding with the scalar encoder's
 //             saturation, 1/s: the scalar code's operations, a group per lane.
-//   codes     ⌊(x − lo)·inv + 0.5⌋ as sub, mul, add, then min(levels, ·), round down
-//             and saturating packs to [0, levels] (NaN → 0, as the scalar's !(v > 0)).
-// Non-finite groups (and finite ones whose sum overflows) get the scalar quantizer's
-// own result. The same code runs 16 lanes wide with AVX-512 and 8 wide with AVX2 + F16C
+//   codes     ⌊(x − lo)·inv + 0.5⌋ as sub, mul, add, round down, then saturating packs
+//             to bytes and min(levels, ·) there, 64 codes per instruction (negatives and
+//             NaN → 0, as the scalar's !(v > 0)). With fp16 metadata that does not
+//             saturate, every finite group has (x − lo)·inv + 0.5 < 2³¹ (the stored lo is
+//             within 16 of the true one, 1/s ≤ 2²⁴, and s is stored within 50%), so the
+//             float-to-int conversion never overflows and the byte clamp is the scalar's
+//             clamp; with bf16/fp32 metadata the clamp stays in float before the
+//             conversion.
+// Non-finite groups and groups whose fp16 scale or lo saturates get the scalar
+// quantizer's own result. The same code runs 16 lanes wide with AVX-512 and 8 wide with AVX2 + F16C
 // (detail::AppendSimd); without either, and for clipping policies (a rank selection
 // per group), everything is the scalar path. The `*_generic` names are that path,
 // always compiled, for tests/cpu to compare against.
@@ -68,11 +74,13 @@ namespace detail {
 //                    order than the scalar fold's, which only matters for the sign of a
 //                    zero extremum (the caller recomputes those)
 //   fp16_metadata    scale = max(hi − lo, 1e-8)/levels, {scale, lo} encoded as the scalar
-//                    float_to_half_bits(·, saturate) for non-NaN lanes, the stored lo
-//                    and 1/s (0 where s is stored as 0)
-//   codes            ⌊min(levels, (x − lo)·inv + 0.5)⌋ in int32; NaN becomes INT_MIN,
-//                    which pack (saturating, negatives → 0) turns into the scalar's 0
-//   pack<Bits>       4·kLanes codes (c[k] lane i = element kLanes·k + i) → bytes,
+//                    float_to_half_bits(·, saturate) for non-NaN lanes, stored as one
+//                    32-bit {scale, lo} pair per group; the stored lo and 1/s (0 where s
+//                    is stored as 0); returns the lanes whose scale or lo saturated
+//   codes<kClamp>    ⌊(x − lo)·inv + 0.5⌋ in int32, first clamped to levels in float when
+//                    kClamp; NaN and overflow become INT_MIN
+//   pack<Bits>       4·kLanes codes (c[k] lane i = element kLanes·k + i) → bytes by
+//                    saturating packs (negatives and INT_MIN → 0), min(levels, ·), then
 //                    little-endian within a byte
 #if KVQ_CPU_AVX512
 struct AppendSimd512 {
@@ -139,7 +147,7 @@ struct AppendSimd512 {
 
   // vcvtps2ph rounds like the scalar F16C path; finite lanes at or above 65520
   // saturate to ±65504 instead of ±∞.
-  static KVQ_FORCE_INLINE __m256i encode_half_saturating(F f) {
+  static KVQ_FORCE_INLINE __m256i encode_half_saturating(F f, unsigned& saturated_lanes) {
     const __m256i rounded = _mm512_maskz_cvtps_ph(kAll, f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512i bits = _mm512_castps_si512(f);
     const __m512i abs = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
@@ -147,23 +155,28 @@ struct AppendSimd512 {
                           _mm512_cmplt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
     const __m512i saturated = _mm512_or_si512(_mm512_maskz_srli_epi32(kAll, _mm512_maskz_andnot_epi32(kAll, abs, bits), 16),
                                               _mm512_set1_epi32(0x7bff));
+    saturated_lanes |= big;
     return _mm256_mask_mov_epi16(rounded, big, _mm512_maskz_cvtepi32_epi16(kAll, saturated));
   }
-  static KVQ_FORCE_INLINE void fp16_metadata(F lo, F hi, float levels, std::uint16_t* scale_bits, std::uint16_t* lo_bits,
-                                             float* lo_stored, float* inv) {
+  static KVQ_FORCE_INLINE unsigned fp16_metadata(F lo, F hi, float levels, std::uint32_t* pairs, float* lo_stored,
+                                                 float* inv) {
     const F scale = _mm512_div_ps(max(sub(hi, lo), set1(1e-8f)), set1(levels));
-    const __m256i s16 = encode_half_saturating(scale), lo16 = encode_half_saturating(lo);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(scale_bits), s16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo_bits), lo16);
+    unsigned saturated = 0;
+    const __m256i s16 = encode_half_saturating(scale, saturated), lo16 = encode_half_saturating(lo, saturated);
+    _mm512_storeu_si512(pairs, _mm512_or_si512(_mm512_maskz_cvtepu16_epi32(kAll, s16),
+                                               _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, lo16), 16)));
     const F s = _mm512_maskz_cvtph_ps(kAll, s16);
     const __mmask16 nonzero = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_NEQ_UQ);
     store(lo_stored, _mm512_maskz_cvtph_ps(kAll, lo16));
     store(inv, _mm512_maskz_div_ps(nonzero, set1(1.f), s));
+    return saturated;
   }
 
+  template <bool kClamp>
   static KVQ_FORCE_INLINE I codes(F x, F lo, F inv, F top) {
-    const F t = add(mul(sub(x, lo), inv), set1(0.5f));
-    return _mm512_maskz_cvt_roundps_epi32(kAll, min(top, t), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    F t = add(mul(sub(x, lo), inv), set1(0.5f));
+    if constexpr (kClamp) t = min(top, t);
+    return _mm512_maskz_cvt_roundps_epi32(kAll, t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   }
 
   template <int Bits>
@@ -171,8 +184,9 @@ struct AppendSimd512 {
     // Per 128-bit lane L the packs leave c0[4L..4L+3], c1[…], c2[…], c3[…]; the dword
     // permutation restores element order.
     const __m512i by_lane = _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c[2], c[3]));
-    const __m512i bytes = _mm512_maskz_permutexvar_epi32(
-        kAll, _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), by_lane);
+    const __m512i bytes = _mm512_min_epu8(
+        _mm512_maskz_permutexvar_epi32(kAll, _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), by_lane),
+        _mm512_set1_epi8(char((1 << Bits) - 1)));
     if constexpr (Bits == 8) {
       _mm512_storeu_si512(out, bytes);
     } else if constexpr (Bits == 4) {
@@ -244,7 +258,7 @@ struct AppendSimd256 {
                                                     _mm256_cmp_ps(b, _mm256_setzero_ps(), _CMP_EQ_OQ))));
   }
 
-  static KVQ_FORCE_INLINE __m128i encode_half_saturating(F f) {
+  static KVQ_FORCE_INLINE __m128i encode_half_saturating(F f, unsigned& saturated_lanes) {
     const __m128i rounded = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m256i bits = _mm256_castps_si256(f);
     const __m256i abs = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));  // < 2^31: signed compares work
@@ -253,22 +267,27 @@ struct AppendSimd256 {
     const __m256i saturated = _mm256_or_si256(_mm256_srli_epi32(_mm256_andnot_si256(abs, bits), 16), _mm256_set1_epi32(0x7bff));
     const __m128i saturated16 = _mm_packus_epi32(_mm256_castsi256_si128(saturated), _mm256_extracti128_si256(saturated, 1));
     const __m128i big16 = _mm_packs_epi32(_mm256_castsi256_si128(big), _mm256_extracti128_si256(big, 1));
+    saturated_lanes |= unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(big)));
     return _mm_blendv_epi8(rounded, saturated16, big16);
   }
-  static KVQ_FORCE_INLINE void fp16_metadata(F lo, F hi, float levels, std::uint16_t* scale_bits, std::uint16_t* lo_bits,
-                                             float* lo_stored, float* inv) {
+  static KVQ_FORCE_INLINE unsigned fp16_metadata(F lo, F hi, float levels, std::uint32_t* pairs, float* lo_stored,
+                                                 float* inv) {
     const F scale = _mm256_div_ps(max(sub(hi, lo), set1(1e-8f)), set1(levels));
-    const __m128i s16 = encode_half_saturating(scale), lo16 = encode_half_saturating(lo);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(scale_bits), s16);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(lo_bits), lo16);
+    unsigned saturated = 0;
+    const __m128i s16 = encode_half_saturating(scale, saturated), lo16 = encode_half_saturating(lo, saturated);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pairs), _mm_unpacklo_epi16(s16, lo16));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pairs + 4), _mm_unpackhi_epi16(s16, lo16));
     const F s = _mm256_cvtph_ps(s16);
     store(lo_stored, _mm256_cvtph_ps(lo16));
     store(inv, _mm256_and_ps(_mm256_div_ps(set1(1.f), s), _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_NEQ_UQ)));
+    return saturated;
   }
 
+  template <bool kClamp>
   static KVQ_FORCE_INLINE I codes(F x, F lo, F inv, F top) {
-    const F t = add(mul(sub(x, lo), inv), set1(0.5f));
-    return _mm256_cvttps_epi32(_mm256_floor_ps(min(top, t)));
+    F t = add(mul(sub(x, lo), inv), set1(0.5f));
+    if constexpr (kClamp) t = min(top, t);
+    return _mm256_cvttps_epi32(_mm256_floor_ps(t));
   }
 
   template <int Bits>
@@ -276,7 +295,8 @@ struct AppendSimd256 {
     // Per 128-bit lane L the packs leave c0[4L..4L+3], c1[…], c2[…], c3[…]; the dword
     // permutation restores element order.
     const __m256i by_lane = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
-    const __m256i bytes = _mm256_permutevar8x32_epi32(by_lane, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i bytes = _mm256_min_epu8(_mm256_permutevar8x32_epi32(by_lane, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)),
+                                          _mm256_set1_epi8(char((1 << Bits) - 1)));
     if constexpr (Bits == 8) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bytes);
     } else if constexpr (Bits == 4) {
@@ -403,7 +423,8 @@ KVQ_FORCE_INLINE void rotate_dense_fast(float* x, const float* r, float* scratch
 // bits for each row). The rows go phase by phase, each over all n·D/G groups of the
 // batch: lane-wise ranges, then kLanes groups' horizontal min/max by one transpose, the
 // metadata of kLanes groups per vector (fp16; bf16/fp32 metadata is scalar per group),
-// then codes and packing 4·kLanes elements at a time.
+// then codes and packing 4·kLanes elements at a time. Groups the vector path cannot
+// reproduce (non-finite, saturated fp16 metadata) are requantized by the scalar code.
 //   x[r] : [D] fp32;  packed[r] : [D·bits/8];  meta[r] : [D/G][2]
 template <QuantSpec S, int D, int kMaxRows>
 KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint8_t* const* packed,
@@ -416,16 +437,24 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
   if constexpr (!kClip && G % L == 0 && D % (4 * L) == 0) {
     using Meta = MetaTraits<S.meta>;
     constexpr int NV = G / L, kLevels = S.levels(), kSlots = (kMaxRows * NG + L - 1) / L * L;
+    constexpr bool kFp16 = S.meta == MetaType::fp16;  // codes clamped in bytes (see the top)
     alignas(64) float lo[kSlots], hi[kSlots], inv[kSlots];
-    bool finite[kSlots];
+    bool vector_ok[kSlots];  // false: the scalar quantizer redoes the group
     const int groups = n * NG;
+    // Every element of group i finite (the careful check, when a chunk's sum is not).
+    auto group_finite = [&](int i) {
+      const float* xg = x[i / NG] + (i % NG) * G;
+      for (int k = 0; k < NV; ++k)
+        if (!V::all_finite(V::load(xg + L * k))) return false;
+      return true;
+    };
     for (int base = 0; base < groups; base += L) {
       const int count = groups - base < L ? groups - base : L;
       // 1. Ranges: lane-wise min/max over each group's vectors (two chains), then the
-      //    kLanes groups' lanes at once. fin is the group's sum, finite when every element
-      //    is; a sum that overflows only sends a finite group to the scalar quantizer,
-      //    whose result is the same.
-      F lo_lanes[L], hi_lanes[L];
+      //    kLanes groups' lanes at once. fin sums every element of the chunk: finite
+      //    when every element is (a sum that overflows only sends the chunk to the
+      //    per-group check).
+      F lo_lanes[L], hi_lanes[L], fin_chunk = V::set1(0.f);
       for (int j = 0; j < count; ++j) {
         const int i = base + j;
         const float* xg = x[i / NG] + (i % NG) * G;
@@ -442,10 +471,12 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
           hi_v[0] = V::max(hi_v[0], hi_v[1]);
           fin[0] = V::add(fin[0], fin[1]);
         }
-        finite[i] = V::all_finite(fin[0]);
+        fin_chunk = V::add(fin_chunk, fin[0]);
         lo_lanes[V::kSlot[j]] = lo_v[0];
         hi_lanes[V::kSlot[j]] = hi_v[0];
       }
+      const bool chunk_finite = V::all_finite(fin_chunk);
+      for (int i = base; i < base + count; ++i) vector_ok[i] = chunk_finite || group_finite(i);
       for (int j = count; j < L; ++j)  // padding slots: any defined vector
         lo_lanes[V::kSlot[j]] = hi_lanes[V::kSlot[j]] = lo_lanes[0];
       const F lo_x = V::template extremes<false>(lo_lanes), hi_x = V::template extremes<true>(hi_lanes);
@@ -455,7 +486,7 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
       // the scalar order.
       for (unsigned zero = V::zero_lanes(lo_x, hi_x); zero != 0; zero &= zero - 1) {
         const int i = base + __builtin_ctz(zero);
-        if (i < base + count && finite[i]) {
+        if (i < base + count && vector_ok[i]) {
           const float* xg = x[i / NG] + (i % NG) * G;
           float l = xg[0], h = xg[0];
           for (int e = 1; e < G; ++e) l = fmin_f(l, xg[e]), h = fmax_f(h, xg[e]);
@@ -464,13 +495,16 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
       }
       // 2. Metadata: scale, stored {s, lo}, and 1/s (0 when s is stored as 0: codes 0).
       //    Non-finite groups are quantized by the scalar code after phase 3.
-      if constexpr (S.meta == MetaType::fp16) {
-        std::uint16_t scale_bits[L], lo_bits[L];
-        V::fp16_metadata(V::load(lo + base), V::load(hi + base), float(kLevels), scale_bits, lo_bits, lo + base, inv + base);
-        for (int j = 0; j < count; ++j) {
-          meta_storage_t<S.meta>* mg = meta[(base + j) / NG] + 2 * ((base + j) % NG);
-          mg[0] = scale_bits[j], mg[1] = lo_bits[j];
-        }
+      if constexpr (kFp16) {
+        // {scale, lo} pairs of the chunk's groups: whole rows (NG ≤ L) or part of one.
+        alignas(64) std::uint32_t pairs[L];
+        const unsigned saturated =
+            V::fp16_metadata(V::load(lo + base), V::load(hi + base), float(kLevels), pairs, lo + base, inv + base);
+        if constexpr (NG <= L)
+          for (int j = 0; j < count; j += NG) std::memcpy(meta[(base + j) / NG], pairs + j, NG * sizeof(std::uint32_t));
+        else
+          std::memcpy(meta[base / NG] + 2 * (base % NG), pairs, count * sizeof(std::uint32_t));
+        for (unsigned m = saturated & ((1u << count) - 1); m != 0; m &= m - 1) vector_ok[base + __builtin_ctz(m)] = false;
       } else {
         for (int i = base; i < base + count; ++i) {
           meta_storage_t<S.meta>* mg = meta[i / NG] + 2 * (i % NG);
@@ -490,13 +524,14 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
         typename V::I codes[4];
         KVQ_UNROLL for (int k = 0; k < 4; ++k) {
           const int e = e0 + L * k, i = r * NG + e / G;
-          codes[k] = V::codes(V::load(x[r] + e), V::set1(lo[i]), V::set1(inv[i]), top);
+          codes[k] = V::template codes<!kFp16>(V::load(x[r] + e), V::set1(lo[i]), V::set1(inv[i]), top);
         }
         V::template pack<S.bits>(codes, packed[r] + e0 * S.bits / 8);
       }
-    // The defined non-finite result (DESIGN §2), over whatever phase 3 wrote there.
+    // The scalar result (for non-finite groups the defined one of DESIGN §2), over
+    // whatever phases 2 and 3 wrote there.
     for (int i = 0; i < groups; ++i)
-      if (!finite[i]) quantize_group<S>(x[i / NG] + (i % NG) * G, packed[i / NG] + (i % NG) * (G * S.bits / 8), meta[i / NG] + 2 * (i % NG));
+      if (!vector_ok[i]) quantize_group<S>(x[i / NG] + (i % NG) * G, packed[i / NG] + (i % NG) * (G * S.bits / 8), meta[i / NG] + 2 * (i % NG));
     return;
   }
 #endif
