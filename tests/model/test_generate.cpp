@@ -221,12 +221,13 @@ TEST_F(GenerateCli, PerLayerPolicyTable) {
 
 // passkey runs its (prompt, policy) jobs on --threads workers; the prompts are drawn
 // before any job starts, so the table, the CSV and every answer are the same at any
-// thread count (only the order of the stderr lines may change).
+// thread count (only the order of the stderr lines may change). --no-fp32 drops the fp32
+// jobs and changes nothing else.
 TEST_F(GenerateCli, PasskeyDoesNotDependOnTheThreadCount) {
-  auto run = [&](int threads) {
-    const fs::path csv = dir_ / ("passkey_" + std::to_string(threads) + ".csv");
+  auto run = [&](int threads, const std::string& extra = "") {
+    const fs::path csv = dir_ / ("passkey_" + std::to_string(threads) + extra + ".csv");
     Result r = run_cli("--sink 4 --recent 16 --flush-block 4 --block 16 passkey --lengths 192 --trials 2 --policies K4V2 "
-                       "--threads " + std::to_string(threads) + " --csv '" + csv.string() + "'",
+                       "--threads " + std::to_string(threads) + " " + extra + " --csv '" + csv.string() + "'",
                        dir_);
     EXPECT_EQ(r.status, 0) << r.err;
     std::ifstream in(csv);
@@ -245,6 +246,14 @@ TEST_F(GenerateCli, PasskeyDoesNotDependOnTheThreadCount) {
   EXPECT_EQ(out1, out4);
   EXPECT_EQ(csv1, csv4);
   EXPECT_NE(csv1.find("K4V2,3.7500,192,2,"), std::string::npos) << csv1;
+  const auto [out_q, csv_q, answers_q] = run(2, "--no-fp32");
+  std::vector<std::string> quantized;  // answers1's K4V2 lines
+  for (const auto& a : answers1)
+    if (a.find("] K4V2 ") != std::string::npos) quantized.push_back(a);
+  ASSERT_EQ(quantized.size(), 2u);
+  EXPECT_EQ(answers_q, quantized);
+  EXPECT_EQ(csv_q.find("fp32"), std::string::npos) << csv_q;
+  EXPECT_NE(csv1.find(csv_q.substr(csv_q.find('\n') + 1)), std::string::npos) << csv_q << " not in " << csv1;
 }
 
 #else
