@@ -494,7 +494,7 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
         }
       }
       // 2. Metadata: scale, stored {s, lo}, and 1/s (0 when s is stored as 0: codes 0).
-      //    Non-finite groups are quantized by the scalar code after phase 3.
+      //    Groups without vector_ok are quantized by the scalar code after phase 3.
       if constexpr (kFp16) {
         // {scale, lo} pairs of the chunk's groups: whole rows (NG ≤ L) or part of one.
         alignas(64) std::uint32_t pairs[L];
