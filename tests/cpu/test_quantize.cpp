@@ -145,6 +145,14 @@ void check_quantize_row() {
   using MetaStorage = typename Meta::storage;
   constexpr int kBytes = D * S.bits / 8, kMeta = 2 * (D / S.group), kMaxRows = 64;
   auto rows = test_rows<D>(S.bits * 1000 + S.group);
+  if constexpr (S.meta == kvq::MetaType::fp16)
+    for (float m : {1.3f, 1.45f, 1.49f}) {
+      // s = m·2⁻²⁴ is stored as the subnormal 2⁻²⁴, so the group's max gives
+      // ⌊m·levels + ½⌋ > levels before the clamp (the byte clamp of the SIMD path).
+      std::vector<float> r(D);
+      for (int i = 0; i < D; ++i) r[i] = i % 2 ? m * std::ldexp(1.f, -24) * float(S.levels()) : 0.f;
+      rows.push_back(r);
+    }
   int boundary_values = 0;
   for (auto& row : rounding_boundary_rows<S, D>(S.bits * 7 + S.group, boundary_values)) rows.push_back(row);
   ASSERT_GT(boundary_values, D / 4) << kvq::to_string(S) << ": too few values on the rounding boundary";
