@@ -143,7 +143,7 @@ template <kvq::QuantSpec S, int D>
 void check_quantize_row() {
   using Meta = kvq::MetaTraits<S.meta>;
   using MetaStorage = typename Meta::storage;
-  constexpr int kBytes = D * S.bits / 8, kMeta = 2 * (D / S.group), kMaxRows = 64;
+  constexpr int kBytes = D * S.bits / 8, kMeta = 2 * (D / S.group), kMaxRows = 80;
   auto rows = test_rows<D>(S.bits * 1000 + S.group);
   if constexpr (S.meta == kvq::MetaType::fp16)
     for (float m : {1.3f, 1.45f, 1.49f}) {
@@ -153,6 +153,19 @@ void check_quantize_row() {
       for (int i = 0; i < D; ++i) r[i] = i % 2 ? m * std::ldexp(1.f, -24) * float(S.levels()) : 0.f;
       rows.push_back(r);
     }
+  if constexpr (S.clips()) {
+    // The clip threshold's rank lands on ties: many equal |x| of both signs, zeros of
+    // both signs (the rank-k zero's sign is the threshold's), one large value per group.
+    std::vector<float> r(D);
+    for (int i = 0; i < D; ++i) r[i] = (i % 2 ? 1.f : -1.f) * float(1 + i % 4) * 0.375f;
+    rows.push_back(r);
+    for (int zeros_per_16 : {15, 14, 12, 8}) {
+      for (int i = 0; i < D; ++i) r[i] = i % 16 < zeros_per_16 ? (i % 3 ? 0.f : -0.f) : -2.5f * float(1 + i % 5);
+      rows.push_back(r);
+      for (int i = 0; i < D; ++i) r[i] = i % 16 < zeros_per_16 ? (i % 3 ? -0.f : 0.f) : 1e-40f * float(1 + i % 5);
+      rows.push_back(r);  // the values beyond the zeros are denormals
+    }
+  }
   int boundary_values = 0;
   for (auto& row : rounding_boundary_rows<S, D>(S.bits * 7 + S.group, boundary_values)) rows.push_back(row);
   ASSERT_GT(boundary_values, D / 4) << kvq::to_string(S) << ": too few values on the rounding boundary";
@@ -193,7 +206,13 @@ TEST(CpuQuantize, GroupQuantizerIsBitIdenticalToTheScalarOne) {
   check_quantize_row<spec(2, 16, bf16), 64>();
   check_quantize_row<spec(4, 64, fp32), 256>();
   check_quantize_row<spec(8, 128, bf16), 256>();
-  check_quantize_row<spec(4, 32, fp16, 960), 128>();  // clipping: the scalar path inside
+  // Clipping: the threshold's bit descent against the scalar all-pairs ranking.
+  check_quantize_row<spec(4, 32, fp16, 960), 128>();
+  check_quantize_row<spec(2, 32, fp16, 900), 128>();
+  check_quantize_row<spec(2, 128, fp16, 920), 128>();
+  check_quantize_row<spec(4, 64, bf16, 850), 256>();
+  check_quantize_row<spec(2, 16, fp32, 700), 64>();
+  check_quantize_row<spec(4, 128, fp16, 1), 128>();  // rank 0: the smallest |x|
 }
 
 // Whole appends: every page byte equals what the scalar quantize_token_head writes.

@@ -25,10 +25,13 @@
 //             clamp; with bf16/fp32 metadata the clamp stays in float before the
 //             conversion.
 // Non-finite groups and groups whose fp16 scale or lo saturates get the scalar
-// quantizer's own result. The same code runs 16 lanes wide with AVX-512 and 8 wide with AVX2 + F16C
-// (detail::AppendSimd); without either, and for clipping policies (a rank selection
-// per group), everything is the scalar path. The `*_generic` names are that path,
-// always compiled, for tests/cpu to compare against.
+// quantizer's own result.
+//   clipping  the threshold is the same k-th smallest |x| (a bit descent on |x|'s IEEE
+//             pattern instead of the scalar's all-pairs ranking, detail::clip_rows),
+//             then the scalar's two compares per element.
+// The same code runs 16 lanes wide with AVX-512 and 8 wide with AVX2 + F16C
+// (detail::AppendSimd); without either, everything is the scalar path. The `*_generic`
+// names are that path, always compiled, for tests/cpu to compare against.
 #pragma once
 
 #include <cstdint>
@@ -82,6 +85,8 @@ namespace detail {
 //   pack<Bits>       4·kLanes codes (c[k] lane i = element kLanes·k + i) → bytes by
 //                    saturating packs (negatives and INT_MIN → 0), min(levels, ·), then
 //                    little-endian within a byte
+//   count_abs_le     how many of kLanes floats have |bits| (the sign cleared) ≤ bound
+//   clip             v > t ? t : (v < −t ? −t : v), the scalar quantizer's clipping
 #if KVQ_CPU_AVX512
 struct AppendSimd512 {
   using F = __m512;
@@ -170,6 +175,15 @@ struct AppendSimd512 {
     store(lo_stored, _mm512_maskz_cvtph_ps(kAll, lo16));
     store(inv, _mm512_maskz_div_ps(nonzero, set1(1.f), s));
     return saturated;
+  }
+
+  static KVQ_FORCE_INLINE int count_abs_le(const float* p, std::uint32_t bound) {
+    const __m512i key = _mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(0x7fffffff));
+    return __builtin_popcount(unsigned(_mm512_cmple_epu32_mask(key, _mm512_set1_epi32(int(bound)))));
+  }
+  static KVQ_FORCE_INLINE F clip(F v, F t, F neg_t) {
+    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, t, _CMP_GT_OQ), t);
+    return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, neg_t, _CMP_LT_OQ), neg_t);
   }
 
   template <bool kClamp>
@@ -281,6 +295,17 @@ struct AppendSimd256 {
     store(lo_stored, _mm256_cvtph_ps(lo16));
     store(inv, _mm256_and_ps(_mm256_div_ps(set1(1.f), s), _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_NEQ_UQ)));
     return saturated;
+  }
+
+  // Keys are below 2³¹, so the signed compare orders them.
+  static KVQ_FORCE_INLINE int count_abs_le(const float* p, std::uint32_t bound) {
+    const __m256i key = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), _mm256_set1_epi32(0x7fffffff));
+    const __m256i above = _mm256_cmpgt_epi32(key, _mm256_set1_epi32(int(bound)));
+    return 8 - __builtin_popcount(unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(above))));
+  }
+  static KVQ_FORCE_INLINE F clip(F v, F t, F neg_t) {
+    v = _mm256_blendv_ps(v, t, _mm256_cmp_ps(v, t, _CMP_GT_OQ));
+    return _mm256_blendv_ps(v, neg_t, _mm256_cmp_ps(v, neg_t, _CMP_LT_OQ));
   }
 
   template <bool kClamp>
@@ -419,6 +444,60 @@ KVQ_FORCE_INLINE void rotate_dense_fast(float* x, const float* r, float* scratch
   for (int i = 0; i < D; ++i) x[i] = scratch[i];
 }
 
+#if KVQ_CPU_APPEND_SIMD
+namespace detail {
+
+// The clipping of a clipping spec for n rows: out[r] = x[r] with every finite group
+// clamped to ±t, t its threshold kth_smallest_abs(group, k), the same value bit for bit
+// (k = clip_rank). The scalar selection compares all pairs (G² compares per group);
+// here the k-th smallest |x| comes from a descent over the 31 bits of the key
+// |bits(x)| (the IEEE pattern with the sign cleared orders |x|, and ±0 share the key
+// 0): T = the smallest key with #{i : key_i ≤ T} > k, built bit by bit from the top,
+// all groups of the batch per bit (independent chains). A nonzero T is |x| itself;
+// T = 0 means the rank-k element is a zero, and the scalar's index tie-break then
+// picks the k-th zero in index order, whose sign the threshold keeps. Groups with a
+// non-finite element are copied unclipped (their result is the scalar quantizer's).
+//   x[r] : [D] fp32;  out : [n][D]
+template <QuantSpec S, int D, int kMaxRows>
+KVQ_FORCE_INLINE void clip_rows(int n, const float* const* x, float (*out)[D]) {
+  using V = AppendSimd;
+  constexpr int L = V::kLanes, G = S.group, NG = D / G, NV = G / L;
+  constexpr int k = clip_rank(G, S.clip_permille);
+  static_assert(G % L == 0);
+  const int groups = n * NG;
+  std::uint32_t key[kMaxRows * NG] = {};  // the threshold's key, built from the top bit
+  for (int bit = 30; bit >= 0; --bit) {
+    const std::uint32_t step = 1u << bit;
+    for (int i = 0; i < groups; ++i) {
+      const float* xg = x[i / NG] + (i % NG) * G;
+      int at_most = 0;
+      KVQ_UNROLL for (int v = 0; v < NV; ++v) at_most += V::count_abs_le(xg + L * v, key[i] + (step - 1u));
+      key[i] += step & (0u - std::uint32_t(at_most <= k));  // branch-free: a coin flip per step
+    }
+  }
+  for (int i = 0; i < groups; ++i) {
+    const float* xg = x[i / NG] + (i % NG) * G;
+    float* dst = out[i / NG] + (i % NG) * G;
+    bool finite = true;
+    KVQ_UNROLL for (int v = 0; v < NV; ++v) finite = V::all_finite(V::load(xg + L * v)) && finite;
+    float t = bits_float(key[i]);
+    if (finite && key[i] == 0u)
+      for (int e = 0, zeros = 0; e < G; ++e)
+        if (xg[e] == 0.f && zeros++ == k) {
+          t = xg[e];  // ±0: the scalar's x < 0 ? −x : x keeps it
+          break;
+        }
+    const typename V::F t_vec = V::set1(t), neg_t = V::set1(-t);
+    KVQ_UNROLL for (int v = 0; v < NV; ++v) {
+      const typename V::F xv = V::load(xg + L * v);
+      V::store(dst + L * v, finite ? V::clip(xv, t_vec, neg_t) : xv);
+    }
+  }
+}
+
+}  // namespace detail
+#endif
+
 // n rows of D elements → packed codes and {scale, lo} per group (kvq::quantize_row's
 // bits for each row). The rows go phase by phase, each over all n·D/G groups of the
 // batch: lane-wise ranges, then kLanes groups' horizontal min/max by one transpose, the
@@ -434,8 +513,18 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
   using F = typename V::F;
   constexpr int L = V::kLanes, G = S.group, NG = D / G;
   constexpr bool kClip = S.clips() && clip_rank(G, S.clip_permille) < G - 1;
-  if constexpr (!kClip && G % L == 0 && D % (4 * L) == 0) {
+  if constexpr (G % L == 0 && D % (4 * L) == 0) {
     using Meta = MetaTraits<S.meta>;
+    // Clipping specs quantize the clipped rows; groups the scalar code redoes start
+    // again from the originals.
+    const float* const* original = x;
+    alignas(64) float clipped[kClip ? kMaxRows : 1][D];
+    const float* clipped_rows[kClip ? kMaxRows : 1];
+    if constexpr (kClip) {
+      detail::clip_rows<S, D, kMaxRows>(n, x, clipped);
+      for (int r = 0; r < n; ++r) clipped_rows[r] = clipped[r];
+      x = clipped_rows;
+    }
     constexpr int NV = G / L, kLevels = S.levels(), kSlots = (kMaxRows * NG + L - 1) / L * L;
     constexpr bool kFp16 = S.meta == MetaType::fp16;  // codes clamped in bytes (see the top)
     alignas(64) float lo[kSlots], hi[kSlots], inv[kSlots];
@@ -531,7 +620,7 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
     // The scalar result (for non-finite groups the defined one of DESIGN §2), over
     // whatever phases 2 and 3 wrote there.
     for (int i = 0; i < groups; ++i)
-      if (!vector_ok[i]) quantize_group<S>(x[i / NG] + (i % NG) * G, packed[i / NG] + (i % NG) * (G * S.bits / 8), meta[i / NG] + 2 * (i % NG));
+      if (!vector_ok[i]) quantize_group<S>(original[i / NG] + (i % NG) * G, packed[i / NG] + (i % NG) * (G * S.bits / 8), meta[i / NG] + 2 * (i % NG));
     return;
   }
 #endif
