@@ -532,8 +532,8 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
   constexpr bool kClip = S.clips() && clip_rank(G, S.clip_permille) < G - 1;
   if constexpr (G % L == 0 && D % (4 * L) == 0) {
     using Meta = MetaTraits<S.meta>;
-    // Clipping specs quantize the clipped rows; groups the scalar code redoes start
-    // again from the originals.
+    // Clipping specs quantize the clipped rows (kMaxRows·D more floats of stack); groups
+    // the scalar code redoes start again from the originals.
     const float* const* original = x;
     alignas(64) float clipped[kClip ? kMaxRows : 1][D];
     const float* clipped_rows[kClip ? kMaxRows : 1];
