@@ -154,8 +154,9 @@ void check_quantize_row() {
       rows.push_back(r);
     }
   if constexpr (S.clips()) {
-    // The clip threshold's rank lands on ties: many equal |x| of both signs, zeros of
-    // both signs (the rank-k zero's sign is the threshold's), one large value per group.
+    // The clip threshold's rank lands on ties: many equal |x| of both signs, or zeros of
+    // both signs (the rank-k zero's sign is the threshold's) beside larger or denormal
+    // values.
     std::vector<float> r(D);
     for (int i = 0; i < D; ++i) r[i] = (i % 2 ? 1.f : -1.f) * float(1 + i % 4) * 0.375f;
     rows.push_back(r);
@@ -206,7 +207,8 @@ TEST(CpuQuantize, GroupQuantizerIsBitIdenticalToTheScalarOne) {
   check_quantize_row<spec(2, 16, bf16), 64>();
   check_quantize_row<spec(4, 64, fp32), 256>();
   check_quantize_row<spec(8, 128, bf16), 256>();
-  // Clipping: the threshold's bit descent against the scalar all-pairs ranking.
+  // Clipping: the threshold found from the top (detail::clip_rows) against the scalar
+  // all-pairs ranking.
   check_quantize_row<spec(4, 32, fp16, 960), 128>();
   check_quantize_row<spec(2, 32, fp16, 900), 128>();
   check_quantize_row<spec(2, 128, fp16, 920), 128>();
