@@ -93,6 +93,28 @@ TEST(OptRGradients, VPhaseExpMapMatchesFrozenSurrogateFD) {
   EXPECT_LT(coord, 1e-4);
 }
 
+// The per-token term (cfg.v_token): its gradient against FD, and Jensen's inequality per
+// query, Σ_t p̃_t·‖ΔV_t·Wᵀ‖² ≥ ‖Σ_t p̃_t·ΔV_t·Wᵀ‖², so the term alone is at least the §6.3 loss.
+TEST(OptRGradients, VPhasePerTokenTermMatchesFDAndBoundsTheOutputError) {
+  Fixture F;
+  const KPhase kp(F.hd, F.mu, F.kspec, F.cfg);
+  const MatD RK = rotation_from_generator(hadamard_rotation(16), random_matrix(16, 0.05, 2));
+  const MatD R0 = hadamard_rotation(16);
+  const VPhase v0(F.hd, F.nu, F.vspec, F.cfg, kp, RK);
+  F.cfg.v_token = 1.0;
+  const VPhase v1(F.hd, F.nu, F.vspec, F.cfg, kp, RK);
+  F.cfg.v_token = 3.0;
+  const VPhase v3(F.hd, F.nu, F.vspec, F.cfg, kp, RK);
+  const double l0 = v0.loss(R0), l1 = v1.loss(R0), l3 = v3.loss(R0);
+  std::printf("V phase at R0: output term %.4e, per-token term %.4e\n", l0, l1 - l0);
+  EXPECT_GT(l1 - l0, 1.5 * l0);                       // no cancellation across tokens
+  EXPECT_NEAR(l3 - l0, 3.0 * (l1 - l0), 1e-9 * l3);  // linear in γ
+  const auto [dir, coord] = fd_errors(v1, R0, random_matrix(16, 0.05, 3));
+  std::printf("V phase with per-token term: directional rel err %.2e, coordinate rel err %.2e\n", dir, coord);
+  EXPECT_LT(dir, 1e-4);
+  EXPECT_LT(coord, 1e-4);
+}
+
 // Riemannian parameterization: the gradient is taken at the current point R (A = 0).
 TEST(OptRGradients, RiemannianMatchesFrozenSurrogateFD) {
   Fixture F;

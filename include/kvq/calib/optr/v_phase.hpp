@@ -17,12 +17,17 @@
 namespace kvq::calib {
 
 // V phase of one head, with the key rotation fixed: mean over j of
-// mean((p̃·ΔV)·W_jᵀ)², ΔV = deq(Q((V − ν)·R_V))·R_Vᵀ + ν − V (zero on exact tokens).
+// mean((p̃·ΔV)·W_jᵀ)² + γ·mean_q Σ_t p̃_qt·mean((ΔV_t·W_jᵀ)²),
+// ΔV = deq(Q((V − ν)·R_V))·R_Vᵀ + ν − V (zero on exact tokens).
+// The first term is the attention output's error; its per-token errors may cancel in the
+// weighted sum, which a lookup attending to one token does not average away. The second
+// (γ = cfg.v_token, 0 by default = DESIGN §6.3) is its Jensen bound, the attention-weighted
+// error of each token on its own, and does not reward cancellation.
 class VPhase {
  public:
-  VPhase(const HeadData& hd, const VecD& nu, const QuantSpec& spec, const OptRConfig& /*cfg*/,
+  VPhase(const HeadData& hd, const VecD& nu, const QuantSpec& spec, const OptRConfig& cfg,
          const KPhase& kphase, const MatD& RK)
-      : spec_(spec), win_(kphase.windows()) {
+      : spec_(spec), win_(kphase.windows()), gamma_(cfg.v_token) {
     d_ = hd.head_dim();
     check_spec(spec, d_);
     m_ = kphase.quantized_rows();
@@ -32,6 +37,15 @@ class VPhase {
     M_.resize(g_);
     for (int j = 0; j < g_; ++j) M_[j] = mm_tn(hd.W[j], hd.W[j]);
     P_ = kphase.quantized_probs(RK);
+    if (gamma_ > 0) {  // attention mass of each quantized token, summed over queries in order
+      mass_.reserve(P_.size());
+      for (const MatD& P : P_) {
+        VecD c = VecD::Zero(P.cols());
+        for (Eigen::Index q = 0; q < P.rows(); ++q)
+          for (Eigen::Index t = 0; t < P.cols(); ++t) c[t] += P(q, t);
+        mass_.push_back(std::move(c));
+      }
+    }
     w_ = 1.0 / (g_ * static_cast<double>(kphase.query_total()) * static_cast<double>(hd.W[0].rows()));
   }
 
@@ -53,6 +67,14 @@ class VPhase {
         const MatD BM = mm(B, M_[j]);
         total += dmul(w_, sum_product(BM, B));
         if (dLdR) add_scaled(2.0 * w_, mm_tn(P_[idx], BM), G.middleRows(s.qrow, m));
+        if (gamma_ > 0) {  // γ·Σ_t c_t·ΔV_t·M_j·ΔV_tᵀ; its gradient 2γ·c_t·ΔV_t·M_j (M_j symmetric)
+          MatD C = dV.middleRows(s.qrow, m);  // rows scaled by their attention mass   [m, d]
+          for (int t = 0; t < m; ++t) C.row(t) *= mass_[idx][t];
+          const MatD CM = mm(C, M_[j]);
+          const double wg = dmul(w_, gamma_);
+          total += dmul(wg, sum_product(CM, dV.middleRows(s.qrow, m)));
+          if (dLdR) add_scaled(2.0 * wg, CM, G.middleRows(s.qrow, m));
+        }
       }
     }
     if (dLdR) *dLdR = rq.grad_R(Vc_, R, G);
@@ -63,10 +85,11 @@ class VPhase {
   QuantSpec spec_;
   std::vector<detail::SeqWin> win_;
   int d_ = 0, g_ = 0, m_ = 0;
-  double w_ = 0;
+  double w_ = 0, gamma_ = 0;
   MatD Vc_;
   std::vector<MatD> M_;
   std::vector<MatD> P_;
+  std::vector<VecD> mass_;  // per (sequence, query head): Σ_q p̃_qt   [m_seq]
 };
 
 }  // namespace kvq::calib
