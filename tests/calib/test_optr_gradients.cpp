@@ -127,6 +127,25 @@ TEST(OptRGradients, RiemannianMatchesFrozenSurrogateFD) {
   EXPECT_LT(std::max({kdir, kcoord, vdir, vcoord}), 1e-4);
 }
 
+// The per-key term (cfg.k_token): its gradient against FD, positive and linear in γ.
+TEST(OptRGradients, KPhasePerKeyTermMatchesFD) {
+  Fixture F;
+  const MatD R0 = hadamard_rotation(16);
+  const KPhase k0(F.hd, F.mu, F.kspec, F.cfg);
+  F.cfg.k_token = 1.0;
+  const KPhase k1(F.hd, F.mu, F.kspec, F.cfg);
+  F.cfg.k_token = 3.0;
+  const KPhase k3(F.hd, F.mu, F.kspec, F.cfg);
+  const double l0 = k0.loss(R0), l1 = k1.loss(R0), l3 = k3.loss(R0);
+  std::printf("K phase at R0: §6.3 loss %.4e, per-key term %.4e\n", l0, l1 - l0);
+  EXPECT_GT(l1 - l0, 1e-3 * l0);
+  EXPECT_NEAR(l3 - l0, 3.0 * (l1 - l0), 1e-9 * l3);
+  const auto [dir, coord] = fd_errors(k1, R0, random_matrix(16, 0.05, 6));
+  std::printf("K phase with per-key term: directional rel err %.2e, coordinate rel err %.2e\n", dir, coord);
+  EXPECT_LT(dir, 1e-4);
+  EXPECT_LT(coord, 1e-4);
+}
+
 // λ = 0 isolates the KL term; no centering isolates μ = 0.
 TEST(OptRGradients, KPhaseKLOnlyUncentered) {
   Fixture F;

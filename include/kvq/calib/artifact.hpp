@@ -144,7 +144,7 @@ inline Artifact make_artifact(const std::vector<LayerResult>& results, const Pol
             {"margin", std::to_string(cfg.margin)}, {"base", to_string(cfg.base)},
             {"param", to_string(cfg.param)},        {"source", source},
             {"lr_schedule", cfg.cosine_lr ? "cosine" : "constant"},
-            {"v_token", std::to_string(cfg.v_token)}};
+            {"k_token", std::to_string(cfg.k_token)}, {"v_token", std::to_string(cfg.v_token)}};
   const int d = policy.head_dim;
   for (const LayerResult& lr : results) {
     ArtifactLayer L;

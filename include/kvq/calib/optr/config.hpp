@@ -37,6 +37,7 @@ struct OptRConfig {
   // from 0.01 generalized worse on both evaluation texts.
   double lr = 0.005, beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8;
   double lambda = 1.0;   // weight of the post-W_O shift term in the K phase
+  double k_token = 0.0;  // weight of the K phase's per-key logit-error term (k_phase.hpp); 0 = §6.3
   double v_token = 0.0;  // weight of the V phase's per-token term (v_phase.hpp); 0 = §6.3
   double margin = 0.01;  // keep learned R only if best < base·(1 − margin)
   bool cosine_lr = false;  // lr·½(1 + cos(π·(step−1)/steps)) instead of DESIGN §6.3's constant lr
@@ -54,7 +55,7 @@ struct OptRConfig {
     if (!(lr > 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(adam_eps > 0))
       bad("Adam hyper-parameters out of range");
     if (!(lambda >= 0)) bad("lambda must be >= 0");
-    if (!(v_token >= 0)) bad("v_token must be >= 0");
+    if (!(k_token >= 0) || !(v_token >= 0)) bad("k_token and v_token must be >= 0");
     if (!(margin >= 0 && margin < 1)) bad("margin must be in [0, 1)");
     if (!(tau >= 0)) bad("tau must be >= 0");
     if (!(heldout_fraction > 0 && heldout_fraction < 1)) bad("heldout_fraction must be in (0, 1)");

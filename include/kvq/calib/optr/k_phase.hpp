@@ -20,7 +20,12 @@
 namespace kvq::calib {
 
 // K phase of one head: mean over query heads j and query positions of
-// KL(p ‖ p̃) + λ·mean_D((p̃ − p)·V·W_jᵀ)², values exact.
+// KL(p ‖ p̃) + λ·mean_D((p̃ − p)·V·W_jᵀ)², values exact;
+// plus γ·½τ²·mean_t Δk_t·C_Q·Δk_tᵀ (γ = cfg.k_token, 0 by default = DESIGN §6.3), the mean
+// squared logit error of each quantized key over all calibration queries, C_Q = E[q·qᵀ]
+// over every position and query head. The KL weighs a key's error by the attention the
+// last qwin training queries give it; this term weighs every key alike, so that keys those
+// queries ignore (and a later query may look up) do not pay for the attended ones.
 //
 // Only the m quantized key columns change with R, so everything the exact columns
 // contribute is precomputed once per (sequence, query head): their log-sum-exp
@@ -48,6 +53,11 @@ class KPhase {
     VqT_ = detail::transposed(Vq_);
     M_.resize(g_);
     for (int j = 0; j < g_; ++j) M_[j] = mm_tn(hd.W[j], hd.W[j]);
+    if (cfg.k_token > 0) {  // C_Q = mean over query heads and positions of q·qᵀ   [d, d]
+      CQ_ = MatD::Zero(d_, d_);
+      for (int j = 0; j < g_; ++j) CQ_ += mm_tn(hd.Q[j], hd.Q[j]);
+      CQ_ /= static_cast<double>(g_) * static_cast<double>(hd.Q[0].rows());
+    }
     for (const detail::SeqWin& s : win_)
       for (int j = 0; j < g_; ++j) exact_.push_back(precompute(hd, s, j));
   }
@@ -93,6 +103,13 @@ class KPhase {
           add_scaled(tau_, mm_tn(dz, e.Qw), GK.middleRows(s.qrow, m));
         }
       }
+    }
+    if (cfg_.k_token > 0) {  // γ·½τ²/m·Σ_t Δk_t·C_Q·Δk_tᵀ; gradient γ·τ²/m·Δk_t·C_Q (C_Q symmetric)
+      const MatD dK = rq.recon - Kc_;  // [m, d]
+      const MatD DC = mm(dK, CQ_);
+      const double wk = dmul(cfg_.k_token, dmul(tau_, tau_) / m_);
+      total += dmul(0.5 * wk, sum_product(DC, dK));
+      if (dLdR) add_scaled(wk, DC, GK);
     }
     if (dLdR) *dLdR = rq.grad_R(Kc_, R, GK);
     return total;
@@ -223,6 +240,7 @@ class KPhase {
   MatD Kc_, Vq_;  // [m, d] centered quantized keys, their values
   MatD VqT_;      // [d, m] Vq_ transposed, for G·Vqᵀ
   std::vector<MatD> M_;
+  MatD CQ_;  // [d, d] E[q·qᵀ], only with cfg.k_token > 0
   std::vector<Exact> exact_;
 };
 
