@@ -498,6 +498,7 @@ int cmd_capture(const std::string& model_path, const CaptureArgs& a, const Cache
     const RowMat& wo = m.layers[l].wo;  // [D, Hq·d]
     la.w_o.assign(wo.data(), wo.data() + wo.size());
     la.seq_offsets = offsets;
+    la.rope = {c.rope_theta, kvq::calib::RopePairs::adjacent};  // model.hpp: (2i, 2i+1), GGUF/NORM
     if (mean_tokens > 0) {
       la.key_mean.resize(static_cast<std::size_t>(kv_row));
       for (std::int64_t i = 0; i < kv_row; ++i) la.key_mean[i] = static_cast<float>(key_sum[l][i] / mean_tokens);
@@ -521,8 +522,6 @@ int cmd_capture(const std::string& model_path, const CaptureArgs& a, const Cache
   }
   w.set_metadata("model", "SmolLM2-135M-Instruct.Q4_1.gguf");
   w.set_metadata("n_layers", std::to_string(c.n_layers));
-  w.set_metadata("rope_theta", fmt::format("{}", c.rope_theta));
-  w.set_metadata("rope", "adjacent pairs (GGUF/NORM); K is post-RoPE as cached");
   w.set_metadata("source", fmt::format("{} tokens [{}, {}) of {}", Ltot, a.skip, a.skip + Ltot,
                                        std::filesystem::path(a.text).filename().string()));
   if (mean_tokens > 0)

@@ -59,6 +59,23 @@ TEST(ActivationFile, KeyMeanRoundTripsAndCentersKeys) {
   EXPECT_THROW(reread_one(w2, 2), kvq::Error);
 }
 
+// The RoPE description (rope_shift.hpp) round-trips through the metadata; a file without
+// it reads as unknown (θ = 0), and a malformed one is rejected.
+TEST(ActivationFile, RopeMetadataRoundTrips) {
+  auto ls = two_layers();
+  EXPECT_EQ(read_activations(kvq::io::SafetensorsFile::from_bytes(activations_writer(ls).to_bytes()))[0].rope.theta, 0.0);
+  for (auto& l : ls) l.rope = {100000.0, RopePairs::half};
+  const auto back = read_activations(kvq::io::SafetensorsFile::from_bytes(activations_writer(ls).to_bytes()));
+  EXPECT_EQ(back[1].rope.theta, 100000.0);
+  EXPECT_EQ(back[1].rope.pairs, RopePairs::half);
+  kvq::io::SafetensorsWriter w = activations_writer({ls[0]});
+  w.set_metadata("rope", "interleaved");
+  EXPECT_THROW(reread_one(w, 2), kvq::Error);
+  kvq::io::SafetensorsWriter w2 = activations_writer({ls[0]});
+  w2.set_metadata("rope_theta", "-1");
+  EXPECT_THROW(reread_one(w2, 2), kvq::Error);
+}
+
 TEST(ActivationFile, MissingOrMisshapenTensorsAreRejected) {
   auto ls = two_layers();
   {

@@ -8,12 +8,14 @@
 //   seq_offsets     [n_seq + 1]   I64 (or I32) CSR sequence boundaries into L
 //   layers.<l>.k_mean [Hkv, d]    optional: key mean over tokens beyond the sequences
 //                                 (capture --mean-seqs); OptR centers keys with it
-// Metadata "layers" lists the captured layer ids. Every shape and offset is checked;
+// Metadata "layers" lists the captured layer ids; optional "rope_theta" and "rope" (the pair
+// layout, "adjacent …" or "half …") let OptR move sequences in position (rope_shift.hpp). Every shape and offset is checked;
 // missing or misshapen tensors are kvq::Error naming the tensor.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -78,6 +80,21 @@ inline std::vector<LayerActivations> read_activations(const io::SafetensorsFile&
     if (pos == 0 || pos != it->second.size() || key_mean_tokens < 1)
       detail::bad_activations("metadata 'key_mean_tokens' must be a positive integer");
   }
+  RopeSpec rope;  // optional: "rope_theta" (> 0) and "rope" ("adjacent …" or "half …")
+  if (const auto it = f.metadata().find("rope_theta"); it != f.metadata().end()) {
+    std::size_t pos = 0;
+    try {
+      rope.theta = std::stod(it->second, &pos);
+    } catch (const std::exception&) {
+      pos = 0;
+    }
+    if (pos == 0 || pos != it->second.size() || !(rope.theta > 0) || !std::isfinite(rope.theta))
+      detail::bad_activations("metadata 'rope_theta' must be a positive number");
+    const auto r = f.metadata().find("rope");
+    if (r != f.metadata().end() && r->second.rfind("half", 0) == 0) rope.pairs = RopePairs::half;
+    else if (r == f.metadata().end() || r->second.rfind("adjacent", 0) != 0)
+      detail::bad_activations("metadata 'rope' must start with 'adjacent' or 'half' when 'rope_theta' is given");
+  }
   const io::TensorView& so = f.tensor("seq_offsets");
   if (so.shape.size() != 1 || so.shape[0] < 2) detail::bad_activations("'seq_offsets' must be [n_seq + 1], n_seq >= 1");
   std::vector<std::int64_t> offsets(static_cast<std::size_t>(so.shape[0]));
@@ -128,6 +145,7 @@ inline std::vector<LayerActivations> read_activations(const io::SafetensorsFile&
       a.key_mean_tokens = key_mean_tokens;
     }
     a.seq_offsets = offsets;
+    a.rope = rope;
     a.validate();
     for (const auto* x : {&a.q, &a.k, &a.v, &a.w_o, &a.key_mean})
       for (float e : *x)
@@ -142,7 +160,8 @@ inline std::vector<LayerActivations> read_activations(const std::filesystem::pat
 }
 
 // Writes layers in the same format, Q/K/V/W_O stored as `stored` (F32, F16 or BF16), with
-// the metadata "format", "layers", "num_qo_heads", "num_kv_heads", "head_dim" and "hidden".
+// the metadata "format", "layers", "num_qo_heads", "num_kv_heads", "head_dim", "hidden" and,
+// when layers[0].rope is known, "rope_theta" and "rope".
 // Callers (smollm2_eval capture) may add tensors and metadata before writing.
 inline io::SafetensorsWriter activations_writer(const std::vector<LayerActivations>& layers,
                                                 io::DType stored = io::DType::F32) {
@@ -175,6 +194,14 @@ inline io::SafetensorsWriter activations_writer(const std::vector<LayerActivatio
   w.set_metadata("head_dim", std::to_string(layers[0].head_dim));
   w.set_metadata("hidden", std::to_string(layers[0].hidden));
   if (!layers[0].key_mean.empty()) w.set_metadata("key_mean_tokens", std::to_string(layers[0].key_mean_tokens));
+  if (layers[0].rope.theta > 0) {
+    char theta[32];
+    std::snprintf(theta, sizeof theta, "%.17g", layers[0].rope.theta);
+    w.set_metadata("rope_theta", theta);
+    w.set_metadata("rope", layers[0].rope.pairs == RopePairs::adjacent
+                               ? "adjacent pairs (2i, 2i+1), GGUF/NORM; q and k post-RoPE"
+                               : "half pairs (i, i+d/2), NeoX/HF; q and k post-RoPE");
+  }
   return w;
 }
 

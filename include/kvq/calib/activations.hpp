@@ -15,6 +15,13 @@
 
 namespace kvq::calib {
 
+// How the captured q and k were rotated by position (rope_shift.hpp moves them).
+enum class RopePairs { adjacent, half };  // (2i, 2i+1): GGUF/NORM; (i, i + d/2): NeoX/HF
+struct RopeSpec {
+  double theta = 0;  // base frequency; 0 = unknown
+  RopePairs pairs = RopePairs::adjacent;
+};
+
 struct LayerActivations {
   int layer = 0;
   int n_tokens = 0;  // L
@@ -28,6 +35,7 @@ struct LayerActivations {
   // than they hold); empty = OptR centers keys with the mean of its training tokens.
   std::vector<float> key_mean;
   std::int64_t key_mean_tokens = 0;
+  RopeSpec rope;  // from the file's metadata "rope_theta" and "rope"
 
   int group_size() const { return hkv > 0 ? hq / hkv : 0; }
   int n_seq() const { return static_cast<int>(seq_offsets.size()) - 1; }

@@ -144,7 +144,8 @@ inline Artifact make_artifact(const std::vector<LayerResult>& results, const Pol
             {"margin", std::to_string(cfg.margin)}, {"base", to_string(cfg.base)},
             {"param", to_string(cfg.param)},        {"source", source},
             {"lr_schedule", cfg.cosine_lr ? "cosine" : "constant"},
-            {"k_token", std::to_string(cfg.k_token)}, {"v_token", std::to_string(cfg.v_token)}};
+            {"k_token", std::to_string(cfg.k_token)}, {"v_token", std::to_string(cfg.v_token)},
+            {"rope_shift", std::to_string(cfg.rope_shift)}};
   const int d = policy.head_dim;
   for (const LayerResult& lr : results) {
     ArtifactLayer L;

@@ -2,6 +2,7 @@
 // and parameterization, with their validation.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "kvq/core/status.hpp"
@@ -40,6 +41,9 @@ struct OptRConfig {
   double k_token = 0.0;  // weight of the K phase's per-key logit-error term (k_phase.hpp); 0 = §6.3
   double v_token = 0.0;  // weight of the V phase's per-token term (v_phase.hpp); 0 = §6.3
   double margin = 0.01;  // keep learned R only if best < base·(1 − margin)
+  // > 0: every sequence is turned to a pseudo-random absolute position so that its tokens
+  // lie in [0, rope_shift) (rope_shift.hpp; needs the capture's RoPE). 0 = as captured.
+  std::int64_t rope_shift = 0;
   bool cosine_lr = false;  // lr·½(1 + cos(π·(step−1)/steps)) instead of DESIGN §6.3's constant lr
   double tau = 0.0;      // softmax scale; 0 = 1/√d
   double heldout_fraction = 0.25;  // share of sequences held out (at least one)
@@ -57,6 +61,7 @@ struct OptRConfig {
     if (!(lambda >= 0)) bad("lambda must be >= 0");
     if (!(k_token >= 0) || !(v_token >= 0)) bad("k_token and v_token must be >= 0");
     if (!(margin >= 0 && margin < 1)) bad("margin must be in [0, 1)");
+    if (rope_shift < 0) bad("rope_shift must be >= 0");
     if (!(tau >= 0)) bad("tau must be >= 0");
     if (!(heldout_fraction > 0 && heldout_fraction < 1)) bad("heldout_fraction must be in (0, 1)");
   }

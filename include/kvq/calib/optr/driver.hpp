@@ -18,6 +18,7 @@
 #include "kvq/calib/optr/config.hpp"
 #include "kvq/calib/optr/k_phase.hpp"
 #include "kvq/calib/optr/v_phase.hpp"
+#include "kvq/calib/rope_shift.hpp"
 #include "kvq/calib/skew_exp.hpp"
 #include "kvq/core/policy.hpp"
 #include "kvq/core/status.hpp"
@@ -124,10 +125,17 @@ inline std::vector<LayerResult> calibrate(const std::vector<LayerActivations>& l
                       std::to_string(layers[l].head_dim) + " but the policy has " +
                       std::to_string(policy.head_dim));
     (void)heldout_count(layers[l].n_seq(), cfg);  // fail before any work starts
+    if (cfg.rope_shift > 0 && !(layers[l].rope.theta > 0))
+      throw Error(StatusCode::invalid_argument, "calib: rope_shift needs the capture's RoPE (metadata rope_theta, rope)");
+    if (cfg.rope_shift > 0 && layers[l].seq_offsets != layers.front().seq_offsets)
+      throw Error(StatusCode::invalid_argument, "calib: rope_shift needs layers that share sequence offsets");
     out[l].layer = layers[l].layer;
     out[l].heads.resize(layers[l].hkv);
     for (int h = 0; h < layers[l].hkv; ++h) jobs.emplace_back(static_cast<int>(l), h);
   }
+  // Sequence boundaries are shared by all layers, so one set of offsets moves them alike.
+  const std::vector<std::int64_t> shift =
+      cfg.rope_shift > 0 ? rope_shift_offsets(layers.front().seq_offsets, cfg.rope_shift) : std::vector<std::int64_t>{};
   std::vector<int> remaining(layers.size());
   std::vector<std::chrono::steady_clock::time_point> started(layers.size(), std::chrono::steady_clock::now());
   for (std::size_t l = 0; l < layers.size(); ++l) remaining[l] = layers[l].hkv;
@@ -138,8 +146,13 @@ KVQ_CALIB_OMP(parallel for schedule(dynamic, 1))
     try {
       const LayerActivations& a = layers[l];
       const int nh = heldout_count(a.n_seq(), cfg);
-      const HeadData train = extract_head(a, h, 0, a.n_seq() - nh);
-      const HeadData held = extract_head(a, h, a.n_seq() - nh, a.n_seq());
+      HeadData train = extract_head(a, h, 0, a.n_seq() - nh);
+      HeadData held = extract_head(a, h, a.n_seq() - nh, a.n_seq());
+      if (!shift.empty()) {
+        const auto n_train = static_cast<std::size_t>(a.n_seq() - nh);
+        apply_rope_shift(train, a.rope, std::span(shift).first(n_train));
+        apply_rope_shift(held, a.rope, std::span(shift).subspan(n_train));
+      }
       HeadResult r = calibrate_head(train, held, policy, cfg);
 KVQ_CALIB_OMP(critical(kvq_calib_progress))
       {
