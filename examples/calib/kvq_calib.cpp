@@ -9,6 +9,7 @@
 // per-layer policy table chosen for an average bits/element budget.
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -80,6 +81,7 @@ std::vector<std::string> split(const std::string& s) {
 struct Common {
   std::string input, layers = "all";
   int chunk = 0, threads = 0;
+  std::int64_t rope_shift = 0;  // -1: the capture's context_length (0 when it has none)
   OptRConfig cfg;
 };
 
@@ -116,6 +118,7 @@ int run_optr(Common& c, const std::string& policy_name, const std::string& out, 
   if (zero_key_mean) calibrated.key.centered = false;
   if (train_key_mean)  // ignore the capture's k_mean: μ_K from the training tokens
     for (auto& l : ls) l.key_mean.clear();
+  c.cfg.rope_shift = c.rope_shift >= 0 ? c.rope_shift : ls.front().rope.theta > 0 ? ls.front().rope.context : 0;
   if (base == "hadamard") c.cfg.base = BaseKind::hadamard;
   else if (base == "covariance") c.cfg.base = BaseKind::covariance;
   else if (base == "identity") c.cfg.base = BaseKind::identity;
@@ -282,8 +285,9 @@ int main(int argc, char** argv) {
   optr->add_option("--k-token", oc.cfg.k_token,
                    "weight of the K phase's mean squared logit error of every key (0 = DESIGN 6.3's loss)")
       ->capture_default_str();
-  optr->add_option("--rope-shift", oc.cfg.rope_shift,
-                   "move each sequence to a pseudo-random position below this (the model's context; 0 = as captured)")
+  optr->add_option("--rope-shift", oc.rope_shift,
+                   "move each sequence to a pseudo-random position below this (0: as captured; -1: the capture's "
+                   "context_length)")
       ->capture_default_str();
   optr->add_option("--v-token", oc.cfg.v_token,
                    "weight of the V phase's attention-weighted per-token error (0 = DESIGN 6.3's loss)")

@@ -498,7 +498,7 @@ int cmd_capture(const std::string& model_path, const CaptureArgs& a, const Cache
     const RowMat& wo = m.layers[l].wo;  // [D, Hq·d]
     la.w_o.assign(wo.data(), wo.data() + wo.size());
     la.seq_offsets = offsets;
-    la.rope = {c.rope_theta, kvq::calib::RopePairs::adjacent};  // model.hpp: (2i, 2i+1), GGUF/NORM
+    la.rope = {c.rope_theta, kvq::calib::RopePairs::adjacent, c.context_length};  // model.hpp: (2i, 2i+1)
     if (mean_tokens > 0) {
       la.key_mean.resize(static_cast<std::size_t>(kv_row));
       for (std::int64_t i = 0; i < kv_row; ++i) la.key_mean[i] = static_cast<float>(key_sum[l][i] / mean_tokens);

@@ -64,16 +64,20 @@ TEST(ActivationFile, KeyMeanRoundTripsAndCentersKeys) {
 TEST(ActivationFile, RopeMetadataRoundTrips) {
   auto ls = two_layers();
   EXPECT_EQ(read_activations(kvq::io::SafetensorsFile::from_bytes(activations_writer(ls).to_bytes()))[0].rope.theta, 0.0);
-  for (auto& l : ls) l.rope = {100000.0, RopePairs::half};
+  for (auto& l : ls) l.rope = {100000.0, RopePairs::half, 8192};
   const auto back = read_activations(kvq::io::SafetensorsFile::from_bytes(activations_writer(ls).to_bytes()));
   EXPECT_EQ(back[1].rope.theta, 100000.0);
   EXPECT_EQ(back[1].rope.pairs, RopePairs::half);
+  EXPECT_EQ(back[1].rope.context, 8192);
   kvq::io::SafetensorsWriter w = activations_writer({ls[0]});
   w.set_metadata("rope", "interleaved");
   EXPECT_THROW(reread_one(w, 2), kvq::Error);
   kvq::io::SafetensorsWriter w2 = activations_writer({ls[0]});
   w2.set_metadata("rope_theta", "-1");
   EXPECT_THROW(reread_one(w2, 2), kvq::Error);
+  kvq::io::SafetensorsWriter w3 = activations_writer({ls[0]});
+  w3.set_metadata("context_length", "0");
+  EXPECT_THROW(reread_one(w3, 2), kvq::Error);
 }
 
 TEST(ActivationFile, MissingOrMisshapenTensorsAreRejected) {

@@ -8,8 +8,9 @@
 //   seq_offsets     [n_seq + 1]   I64 (or I32) CSR sequence boundaries into L
 //   layers.<l>.k_mean [Hkv, d]    optional: key mean over tokens beyond the sequences
 //                                 (capture --mean-seqs); OptR centers keys with it
-// Metadata "layers" lists the captured layer ids; optional "rope_theta" and "rope" (the pair
-// layout, "adjacent …" or "half …") let OptR move sequences in position (rope_shift.hpp). Every shape and offset is checked;
+// Metadata "layers" lists the captured layer ids; optional "rope_theta", "rope" (the pair
+// layout, "adjacent …" or "half …") and the model's "context_length" let OptR move
+// sequences in position (rope_shift.hpp). Every shape and offset is checked;
 // missing or misshapen tensors are kvq::Error naming the tensor.
 #pragma once
 
@@ -49,6 +50,23 @@ inline std::vector<int> parse_layer_list(const std::string& s) {
   }
   return out;
 }
+
+// Metadata `key` as a positive number (an integer when `integer`), 0 when absent; anything
+// else is rejected.
+inline double positive_metadata(const io::SafetensorsFile& f, const std::string& key, bool integer) {
+  const auto it = f.metadata().find(key);
+  if (it == f.metadata().end()) return 0;
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = integer ? static_cast<double>(std::stoll(it->second, &used)) : std::stod(it->second, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != it->second.size() || !(v > 0) || !std::isfinite(v))
+    bad_activations("metadata '" + key + "' must be a positive " + (integer ? "integer" : "number"));
+  return v;
+}
 }  // namespace detail
 
 // Layer ids present in the file (from metadata "layers", else from tensor names).
@@ -69,27 +87,13 @@ inline std::vector<LayerActivations> read_activations(const io::SafetensorsFile&
   if (which.empty()) detail::bad_activations("the file holds no layers");
   // Sequence boundaries are shared by all layers.
   if (!f.contains("seq_offsets")) detail::bad_activations("tensor 'seq_offsets' is missing");
-  std::int64_t key_mean_tokens = 0;  // how many tokens the optional k_mean tensors average
-  if (const auto it = f.metadata().find("key_mean_tokens"); it != f.metadata().end()) {
-    std::size_t pos = 0;
-    try {
-      key_mean_tokens = std::stoll(it->second, &pos);
-    } catch (const std::exception&) {
-      pos = 0;
-    }
-    if (pos == 0 || pos != it->second.size() || key_mean_tokens < 1)
-      detail::bad_activations("metadata 'key_mean_tokens' must be a positive integer");
-  }
-  RopeSpec rope;  // optional: "rope_theta" (> 0) and "rope" ("adjacent …" or "half …")
-  if (const auto it = f.metadata().find("rope_theta"); it != f.metadata().end()) {
-    std::size_t pos = 0;
-    try {
-      rope.theta = std::stod(it->second, &pos);
-    } catch (const std::exception&) {
-      pos = 0;
-    }
-    if (pos == 0 || pos != it->second.size() || !(rope.theta > 0) || !std::isfinite(rope.theta))
-      detail::bad_activations("metadata 'rope_theta' must be a positive number");
+  // How many tokens the optional k_mean tensors average.
+  const auto key_mean_tokens = static_cast<std::int64_t>(detail::positive_metadata(f, "key_mean_tokens", true));
+  // optional: "rope_theta" (> 0), "rope" ("adjacent …" or "half …"), "context_length"
+  RopeSpec rope;
+  if (f.metadata().count("rope_theta")) {
+    rope.theta = detail::positive_metadata(f, "rope_theta", false);
+    rope.context = static_cast<std::int64_t>(detail::positive_metadata(f, "context_length", true));
     const auto r = f.metadata().find("rope");
     if (r != f.metadata().end() && r->second.rfind("half", 0) == 0) rope.pairs = RopePairs::half;
     else if (r == f.metadata().end() || r->second.rfind("adjacent", 0) != 0)
@@ -161,7 +165,7 @@ inline std::vector<LayerActivations> read_activations(const std::filesystem::pat
 
 // Writes layers in the same format, Q/K/V/W_O stored as `stored` (F32, F16 or BF16), with
 // the metadata "format", "layers", "num_qo_heads", "num_kv_heads", "head_dim", "hidden" and,
-// when layers[0].rope is known, "rope_theta" and "rope".
+// when layers[0].rope is known, "rope_theta", "rope" and "context_length".
 // Callers (smollm2_eval capture) may add tensors and metadata before writing.
 inline io::SafetensorsWriter activations_writer(const std::vector<LayerActivations>& layers,
                                                 io::DType stored = io::DType::F32) {
@@ -201,6 +205,7 @@ inline io::SafetensorsWriter activations_writer(const std::vector<LayerActivatio
     w.set_metadata("rope", layers[0].rope.pairs == RopePairs::adjacent
                                ? "adjacent pairs (2i, 2i+1), GGUF/NORM; q and k post-RoPE"
                                : "half pairs (i, i+d/2), NeoX/HF; q and k post-RoPE");
+    if (layers[0].rope.context > 0) w.set_metadata("context_length", std::to_string(layers[0].rope.context));
   }
   return w;
 }

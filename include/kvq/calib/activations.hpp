@@ -20,6 +20,7 @@ enum class RopePairs { adjacent, half };  // (2i, 2i+1): GGUF/NORM; (i, i + d/2)
 struct RopeSpec {
   double theta = 0;  // base frequency; 0 = unknown
   RopePairs pairs = RopePairs::adjacent;
+  std::int64_t context = 0;  // the model's context length; 0 = unknown
 };
 
 struct LayerActivations {
@@ -35,7 +36,7 @@ struct LayerActivations {
   // than they hold); empty = OptR centers keys with the mean of its training tokens.
   std::vector<float> key_mean;
   std::int64_t key_mean_tokens = 0;
-  RopeSpec rope;  // from the file's metadata "rope_theta" and "rope"
+  RopeSpec rope;  // from the file's metadata "rope_theta", "rope" and "context_length"
 
   int group_size() const { return hkv > 0 ? hq / hkv : 0; }
   int n_seq() const { return static_cast<int>(seq_offsets.size()) - 1; }

@@ -149,6 +149,9 @@ KVQ_CALIB_OMP(parallel for schedule(dynamic, 1))
       HeadData train = extract_head(a, h, 0, a.n_seq() - nh);
       HeadData held = extract_head(a, h, a.n_seq() - nh, a.n_seq());
       if (!shift.empty()) {
+        // μ_K stays the captured positions' mean (the key mean of the capture, else of the
+        // training tokens before the shift): deployment subtracts that one at every position.
+        if (train.key_mean.size() == 0) train.key_mean = column_means(train.K);
         const auto n_train = static_cast<std::size_t>(a.n_seq() - nh);
         apply_rope_shift(train, a.rope, std::span(shift).first(n_train));
         apply_rope_shift(held, a.rope, std::span(shift).subspan(n_train));
