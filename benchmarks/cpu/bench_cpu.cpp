@@ -209,11 +209,15 @@ void BM_AppendFp16Copy(benchmark::State& state) {
   state.counters["tok*head/s"] = benchmark::Counter(double(tokens) * kKvHeads, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The FWHT of the Hadamard presets' append: the scalar reference (range 0) and the
+// vector path (range 1), the same bits.
 template <int D>
 void BM_Fwht(benchmark::State& state) {
+  const bool vector_path = state.range(0) != 0;
   auto x = normal(D, 5);
   for (auto _ : state) {
-    kvq::hadamard_forward<D>(x.data());
+    if (vector_path) kvq::cpu::hadamard_forward_fast<D>(x.data(), 0);
+    else kvq::hadamard_forward<D>(x.data());
     benchmark::DoNotOptimize(x.data());
   }
   state.counters["rows/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
@@ -272,9 +276,9 @@ BENCHMARK(BM_AppendQuantized<kvq::presets::K2V2_HC>) KVQ_APPEND_ARGS;
 BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_R.with_clip(1000, 1000)>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_R>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);  // OptR's clipping
 BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_HC.with_clip(960, 920)>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_Fwht<64>);
-BENCHMARK(BM_Fwht<128>);
-BENCHMARK(BM_Fwht<256>);
+BENCHMARK(BM_Fwht<64>)->Arg(0)->Arg(1);
+BENCHMARK(BM_Fwht<128>)->Arg(0)->Arg(1);
+BENCHMARK(BM_Fwht<256>)->Arg(0)->Arg(1);
 BENCHMARK(BM_RotateDense<64>)->Arg(0)->Arg(1);
 BENCHMARK(BM_RotateDense<128>)->Arg(0)->Arg(1);
 BENCHMARK(BM_RotateDense<256>)->Arg(0)->Arg(1);

@@ -34,6 +34,7 @@
 // names are that path, always compiled, for tests/cpu to compare against.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -86,6 +87,17 @@ namespace detail {
 //                    saturating packs (negatives and INT_MIN → 0), min(levels, ·), then
 //                    little-endian within a byte
 //   clip             v > t ? t : (v < −t ? −t : v), the scalar quantizer's clipping
+// The ±1 factors of an in-vector butterfly of stride H: +1 in lanes with bit H clear
+// (they get x[i] + x[i+H]), −1 in the others (x[i−H] − x[i]). A constant in memory,
+// so each stage is a permute and an FMA with a memory operand (a blend of two
+// broadcasts per stage cost a third of the FWHT's uops).
+template <int L, int H>
+alignas(64) inline constexpr std::array<float, L> kButterflySigns = [] {
+  std::array<float, L> s{};
+  for (int i = 0; i < L; ++i) s[i] = (i & H) ? -1.f : 1.f;
+  return s;
+}();
+
 #if KVQ_CPU_AVX512
 struct AppendSimd512 {
   using F = __m512;
@@ -116,12 +128,7 @@ struct AppendSimd512 {
     else if constexpr (H == 2) partner = _mm512_maskz_permute_ps(kAll, x, _MM_SHUFFLE(1, 0, 3, 2));
     else if constexpr (H == 4) partner = _mm512_maskz_shuffle_f32x4(kAll, x, x, _MM_SHUFFLE(2, 3, 0, 1));
     else partner = _mm512_maskz_shuffle_f32x4(kAll, x, x, _MM_SHUFFLE(1, 0, 3, 2));
-    constexpr __mmask16 kUpper = [] {
-      unsigned m = 0;
-      for (int i = 0; i < 16; ++i) m |= ((i & H) ? 1u : 0u) << i;
-      return __mmask16(m);
-    }();
-    return _mm512_fmadd_ps(x, _mm512_mask_blend_ps(kUpper, set1(1.f), set1(-1.f)), partner);
+    return _mm512_fmadd_ps(x, _mm512_load_ps(kButterflySigns<16, H>.data()), partner);
   }
 
   // The four shuffle levels of extremes leave slot 4m + L's result in lane 4L + m.
@@ -236,10 +243,10 @@ struct AppendSimd256 {
     if constexpr (H == 1) partner = _mm256_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1));
     else if constexpr (H == 2) partner = _mm256_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2));
     else partner = _mm256_permute2f128_ps(x, x, 0x01);
-    constexpr int kUpper = H == 1 ? 0xAA : (H == 2 ? 0xCC : 0xF0);
 #if KVQ_CPU_FMA
-    return _mm256_fmadd_ps(x, _mm256_blend_ps(set1(1.f), set1(-1.f), kUpper), partner);
+    return _mm256_fmadd_ps(x, _mm256_load_ps(kButterflySigns<8, H>.data()), partner);
 #else
+    constexpr int kUpper = H == 1 ? 0xAA : (H == 2 ? 0xCC : 0xF0);
     return _mm256_blend_ps(add(x, partner), sub(partner, x), kUpper);
 #endif
   }
