@@ -126,10 +126,10 @@ int run_optr(Common& c, const std::string& policy_name, const std::string& out, 
   if (param == "exp") c.cfg.param = Parameterization::exp_map;
   else if (param == "riemannian") c.cfg.param = Parameterization::riemannian;
   else throw kvq::Error(kvq::StatusCode::invalid_argument, "--param must be exp or riemannian");
-  fmt::print("policy {} = {}\nOptR: base {}, {}, {} steps, lr {}, lambda {}, k-token {}, v-token {}, margin {}, "
-             "windows {}/{}/{}, rope-shift {}\n",
+  fmt::print("policy {} = {}\nOptR: base {}, {}, {} steps, lr {}, lambda {}, k-token {}, v-token {}, v-uniform {}, "
+             "margin {}, windows {}/{}/{}, rope-shift {}\n",
              policy_name, kvq::to_string(P), base, param, c.cfg.steps, c.cfg.lr, c.cfg.lambda, c.cfg.k_token,
-             c.cfg.v_token, c.cfg.margin, c.cfg.prefix, c.cfg.recent, c.cfg.qwin, c.cfg.rope_shift);
+             c.cfg.v_token, c.cfg.v_uniform, c.cfg.margin, c.cfg.prefix, c.cfg.recent, c.cfg.qwin, c.cfg.rope_shift);
   const auto t0 = std::chrono::steady_clock::now();
   const auto res = calibrate(ls, calibrated, c.cfg, [](const LayerResult& l) {
     int kk = 0, vk = 0;
@@ -291,6 +291,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   optr->add_option("--v-token", oc.cfg.v_token,
                    "weight of the V phase's attention-weighted per-token error (0 = DESIGN 6.3's loss)")
+      ->capture_default_str();
+  optr->add_option("--v-uniform", oc.cfg.v_uniform,
+                   "weight of the V phase's per-token error, every quantized token alike (0 = DESIGN 6.3's loss)")
       ->capture_default_str();
   optr->add_option("--margin", oc.cfg.margin, "keep a learned R only if it beats the base by this fraction")
       ->capture_default_str();

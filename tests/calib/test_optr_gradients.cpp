@@ -115,6 +115,31 @@ TEST(OptRGradients, VPhasePerTokenTermMatchesFDAndBoundsTheOutputError) {
   EXPECT_LT(coord, 1e-4);
 }
 
+// The unweighted per-token term (cfg.v_uniform): its gradient against FD, linear in γ_u,
+// and independent of the attention (the key rotation does not move it).
+TEST(OptRGradients, VPhaseUniformTokenTermMatchesFDAndIgnoresAttention) {
+  Fixture F;
+  const KPhase kp(F.hd, F.mu, F.kspec, F.cfg);
+  const MatD RK = rotation_from_generator(hadamard_rotation(16), random_matrix(16, 0.05, 2));
+  const MatD RK2 = rotation_from_generator(hadamard_rotation(16), random_matrix(16, 0.3, 7));
+  const MatD R0 = hadamard_rotation(16);
+  const VPhase v0(F.hd, F.nu, F.vspec, F.cfg, kp, RK), v0b(F.hd, F.nu, F.vspec, F.cfg, kp, RK2);
+  F.cfg.v_uniform = 1.0;
+  const VPhase v1(F.hd, F.nu, F.vspec, F.cfg, kp, RK), v1b(F.hd, F.nu, F.vspec, F.cfg, kp, RK2);
+  F.cfg.v_uniform = 3.0;
+  const VPhase v3(F.hd, F.nu, F.vspec, F.cfg, kp, RK);
+  const double l0 = v0.loss(R0), l1 = v1.loss(R0), l3 = v3.loss(R0);
+  std::printf("V phase at R0: output term %.4e, uniform per-token term %.4e\n", l0, l1 - l0);
+  EXPECT_GT(l1 - l0, 1.5 * l0);                       // a token's error alone is not averaged down
+  EXPECT_NEAR(l3 - l0, 3.0 * (l1 - l0), 1e-9 * l3);  // linear in γ_u
+  EXPECT_NE(v0.loss(R0), v0b.loss(R0));               // the output term depends on the attention…
+  EXPECT_NEAR(v1b.loss(R0) - v0b.loss(R0), l1 - l0, 1e-12 * l1);  // …the uniform term does not
+  const auto [dir, coord] = fd_errors(v1, R0, random_matrix(16, 0.05, 3));
+  std::printf("V phase with uniform per-token term: directional rel err %.2e, coordinate rel err %.2e\n", dir, coord);
+  EXPECT_LT(dir, 1e-4);
+  EXPECT_LT(coord, 1e-4);
+}
+
 // Riemannian parameterization: the gradient is taken at the current point R (A = 0).
 TEST(OptRGradients, RiemannianMatchesFrozenSurrogateFD) {
   Fixture F;

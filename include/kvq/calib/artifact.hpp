@@ -145,6 +145,7 @@ inline Artifact make_artifact(const std::vector<LayerResult>& results, const Pol
             {"param", to_string(cfg.param)},        {"source", source},
             {"lr_schedule", cfg.cosine_lr ? "cosine" : "constant"},
             {"k_token", std::to_string(cfg.k_token)}, {"v_token", std::to_string(cfg.v_token)},
+            {"v_uniform", std::to_string(cfg.v_uniform)},
             {"rope_shift", std::to_string(cfg.rope_shift)}};
   const int d = policy.head_dim;
   for (const LayerResult& lr : results) {

@@ -40,6 +40,7 @@ struct OptRConfig {
   double lambda = 1.0;   // weight of the post-W_O shift term in the K phase
   double k_token = 0.0;  // weight of the K phase's per-key logit-error term (k_phase.hpp); 0 = §6.3
   double v_token = 0.0;  // weight of the V phase's per-token term (v_phase.hpp); 0 = §6.3
+  double v_uniform = 0.0;  // weight of the V phase's unweighted per-token term (v_phase.hpp); 0 = §6.3
   double margin = 0.01;  // keep learned R only if best < base·(1 − margin)
   // > 0: every sequence is turned to a pseudo-random absolute position so that its tokens
   // lie in [0, rope_shift) (rope_shift.hpp; needs the capture's RoPE). 0 = as captured.
@@ -59,7 +60,7 @@ struct OptRConfig {
     if (!(lr > 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(adam_eps > 0))
       bad("Adam hyper-parameters out of range");
     if (!(lambda >= 0)) bad("lambda must be >= 0");
-    if (!(k_token >= 0) || !(v_token >= 0)) bad("k_token and v_token must be >= 0");
+    if (!(k_token >= 0) || !(v_token >= 0) || !(v_uniform >= 0)) bad("k_token, v_token and v_uniform must be >= 0");
     if (!(margin >= 0 && margin < 1)) bad("margin must be in [0, 1)");
     if (rope_shift < 0) bad("rope_shift must be >= 0");
     if (!(tau >= 0)) bad("tau must be >= 0");

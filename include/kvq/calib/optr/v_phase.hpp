@@ -17,12 +17,15 @@
 namespace kvq::calib {
 
 // V phase of one head, with the key rotation fixed: mean over j of
-// mean((p̃·ΔV)·W_jᵀ)² + γ·mean_q Σ_t p̃_qt·mean((ΔV_t·W_jᵀ)²),
+// mean((p̃·ΔV)·W_jᵀ)² + γ·mean_q Σ_t p̃_qt·mean((ΔV_t·W_jᵀ)²) + γ_u·mean_t mean((ΔV_t·W_jᵀ)²),
 // ΔV = deq(Q((V − ν)·R_V))·R_Vᵀ + ν − V (zero on exact tokens).
 // The first term is the attention output's error; its per-token errors may cancel in the
 // weighted sum, which a lookup attending to one token does not average away. The second
 // (γ = cfg.v_token, 0 by default = DESIGN §6.3) is its Jensen bound, the attention-weighted
-// error of each token on its own, and does not reward cancellation.
+// error of each token on its own, and does not reward cancellation. The third (γ_u =
+// cfg.v_uniform, 0 by default) weights every quantized token alike: the error of a query
+// that attends to that one token, whether or not the calibration's queries did (a passkey
+// lookup attends to tokens that calibration text rarely attends to).
 class VPhase {
  public:
   VPhase(const HeadData& hd, const VecD& nu, const QuantSpec& spec, const OptRConfig& cfg,
@@ -47,6 +50,11 @@ class VPhase {
       }
     }
     w_ = 1.0 / (g_ * static_cast<double>(kphase.query_total()) * static_cast<double>(hd.W[0].rows()));
+    if (cfg.v_uniform > 0 && m_ > 0) {  // Σ_j M_j, summed in j order
+      M_sum_ = M_[0];
+      for (int j = 1; j < g_; ++j) M_sum_ += M_[j];
+      w_uniform_ = cfg.v_uniform / (g_ * static_cast<double>(m_) * static_cast<double>(hd.W[0].rows()));
+    }
   }
 
   // The estimator frozen at R: `loss(·, ·, &frozen)` is then the surrogate of DESIGN §6.3.
@@ -77,6 +85,11 @@ class VPhase {
         }
       }
     }
+    if (w_uniform_ > 0) {  // γ_u·Σ_t ΔV_t·(Σ_j M_j)·ΔV_tᵀ; its gradient 2γ_u·ΔV·Σ_j M_j
+      const MatD DM = mm(dV, M_sum_);
+      total += dmul(w_uniform_, sum_product(DM, dV));
+      if (dLdR) add_scaled(2.0 * w_uniform_, DM, G);
+    }
     if (dLdR) *dLdR = rq.grad_R(Vc_, R, G);
     return total;
   }
@@ -85,9 +98,10 @@ class VPhase {
   QuantSpec spec_;
   std::vector<detail::SeqWin> win_;
   int d_ = 0, g_ = 0, m_ = 0;
-  double w_ = 0, gamma_ = 0;
+  double w_ = 0, gamma_ = 0, w_uniform_ = 0;
   MatD Vc_;
   std::vector<MatD> M_;
+  MatD M_sum_;  // Σ_j W_jᵀ·W_j, with v_uniform   [d, d]
   std::vector<MatD> P_;
   std::vector<VecD> mass_;  // per (sequence, query head): Σ_q p̃_qt   [m_seq]
 };
