@@ -126,10 +126,11 @@ int run_optr(Common& c, const std::string& policy_name, const std::string& out, 
   if (param == "exp") c.cfg.param = Parameterization::exp_map;
   else if (param == "riemannian") c.cfg.param = Parameterization::riemannian;
   else throw kvq::Error(kvq::StatusCode::invalid_argument, "--param must be exp or riemannian");
-  fmt::print("policy {} = {}\nOptR: base {}, {}, {} steps, lr {}, lambda {}, k-token {}, v-token {}, v-uniform {}, "
-             "margin {}, windows {}/{}/{}, rope-shift {}\n",
-             policy_name, kvq::to_string(P), base, param, c.cfg.steps, c.cfg.lr, c.cfg.lambda, c.cfg.k_token,
-             c.cfg.v_token, c.cfg.v_uniform, c.cfg.margin, c.cfg.prefix, c.cfg.recent, c.cfg.qwin, c.cfg.rope_shift);
+  fmt::print("policy {} = {}\nOptR: base {}, {}, {} steps ({} for V), lr {}, lambda {}, k-token {}, v-token {}, "
+             "v-uniform {}, margin {}, windows {}/{}/{}, rope-shift {}\n",
+             policy_name, kvq::to_string(P), base, param, c.cfg.steps, c.cfg.v_steps >= 0 ? c.cfg.v_steps : c.cfg.steps,
+             c.cfg.lr, c.cfg.lambda, c.cfg.k_token, c.cfg.v_token, c.cfg.v_uniform, c.cfg.margin, c.cfg.prefix,
+             c.cfg.recent, c.cfg.qwin, c.cfg.rope_shift);
   const auto t0 = std::chrono::steady_clock::now();
   const auto res = calibrate(ls, calibrated, c.cfg, [](const LayerResult& l) {
     int kk = 0, vk = 0;
@@ -280,6 +281,9 @@ int main(int argc, char** argv) {
   optr->add_option("--base", base, "base rotation: hadamard, covariance or identity")->capture_default_str();
   optr->add_option("--param", param, "exp (R0·exp(A−Aᵀ)) or riemannian")->capture_default_str();
   optr->add_option("--steps", oc.cfg.steps, "Adam steps per phase (0 = base only)")->capture_default_str();
+  optr->add_option("--v-steps", oc.cfg.v_steps,
+                   "Adam steps of the V phase (-1 = --steps; 0 = base V rotations, learned keys only)")
+      ->capture_default_str();
   optr->add_option("--lr", oc.cfg.lr, "Adam learning rate")->capture_default_str();
   optr->add_option("--lambda", oc.cfg.lambda, "weight of the K-phase post-W_O term")->capture_default_str();
   optr->add_option("--k-token", oc.cfg.k_token,

@@ -134,6 +134,31 @@ TEST(OptRSynthetic, RopeShiftMovesSequencesBeforeCalibrating) {
   EXPECT_THROW(calibrate(ls, kPolicy, cfg), kvq::Error);
 }
 
+// v_steps: 0 keeps the base V rotations and leaves the K phase as it was; steps' own value
+// is the default.
+TEST(OptRSynthetic, VStepsZeroLearnsKeysOnly) {
+  OptRConfig cfg = small_config(BaseKind::hadamard);
+  const auto full = calibrate(layers(), kPolicy, cfg);
+  cfg.v_steps = cfg.steps;
+  const auto same = calibrate(layers(), kPolicy, cfg);
+  cfg.v_steps = 0;
+  const auto keys_only = calibrate(layers(), kPolicy, cfg);
+  int v_kept = 0;
+  for (std::size_t l = 0; l < full.size(); ++l)
+    for (std::size_t h = 0; h < full[l].heads.size(); ++h) {
+      const HeadResult &f = full[l].heads[h], &s = same[l].heads[h], &k = keys_only[l].heads[h];
+      v_kept += f.v.kept;
+      EXPECT_EQ(s.RK, f.RK);
+      EXPECT_EQ(s.RV, f.RV);
+      EXPECT_EQ(k.RK, f.RK);
+      EXPECT_EQ(k.RV, hadamard_rotation(64));
+      EXPECT_FALSE(k.v.kept);
+      EXPECT_EQ(k.v.base_loss, f.v.base_loss);
+      EXPECT_TRUE(k.v.train_trace.empty());
+    }
+  EXPECT_GT(v_kept, 0);  // the full run does learn V rotations, so 0 steps changes something
+}
+
 TEST(OptRSynthetic, BadInputIsRejected) {
   auto ls = layers();
   OptRConfig cfg = small_config(BaseKind::hadamard);
@@ -144,6 +169,9 @@ TEST(OptRSynthetic, BadInputIsRejected) {
   ls[1].k.pop_back();
   EXPECT_THROW(calibrate(ls, kPolicy, cfg), kvq::Error);
   cfg.qwin = 0;
+  EXPECT_THROW(calibrate(layers(), kPolicy, cfg), kvq::Error);
+  cfg = small_config(BaseKind::hadamard);
+  cfg.v_steps = -2;
   EXPECT_THROW(calibrate(layers(), kPolicy, cfg), kvq::Error);
 }
 

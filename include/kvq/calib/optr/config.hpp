@@ -32,6 +32,9 @@ struct OptRConfig {
   int recent = 256;      // exact recent tokens at the end of each sequence
   int qwin = 64;         // query positions used (the last qwin of each sequence)
   int steps = 80;        // Adam steps per phase; 0 = base rotations only
+  // Adam steps of the V phase; −1 = steps. 0 keeps the base V rotation (learned keys only:
+  // on SmolLM2 the learned V rotations cost most of 8K passkey retrieval, examples/smollm2).
+  int v_steps = -1;
   int eval_every = 20;   // held-out evaluation period (and at the end)
   // lr 0.005, constant: measured on SmolLM2-135M (8 × 1024 tokens, examples/smollm2 README);
   // the paper's 0.02 moves ‖A − Aᵀ‖ by radians within 10 steps and a half-cosine decay
@@ -56,6 +59,7 @@ struct OptRConfig {
     if (prefix < 0 || recent < 0) bad("prefix and recent must be >= 0");
     if (qwin <= 0) bad("qwin must be > 0");
     if (steps < 0) bad("steps must be >= 0");
+    if (v_steps < -1) bad("v_steps must be >= 0, or -1 for steps");
     if (eval_every <= 0) bad("eval_every must be > 0");
     if (!(lr > 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(adam_eps > 0))
       bad("Adam hyper-parameters out of range");

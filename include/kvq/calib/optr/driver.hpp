@@ -72,9 +72,11 @@ inline HeadResult calibrate_head(const HeadData& train, const HeadData& held, co
 
   const VPhase vtrain(train, r.nu_v, policy.value, cfg, ktrain, r.RK);
   const VPhase vheld(held, r.nu_v, policy.value, cfg, kheld, r.RK);
+  OptRConfig vcfg = cfg;
+  if (cfg.v_steps >= 0) vcfg.steps = cfg.v_steps;
   r.v = optimize_rotation(
       r.RV0, [&](const MatD& R, MatD* g) { return vtrain.loss(R, g); },
-      [&](const MatD& R) { return vheld.loss(R); }, cfg);
+      [&](const MatD& R) { return vheld.loss(R); }, vcfg);
   r.RV = r.v.R;
   return r;
 }
