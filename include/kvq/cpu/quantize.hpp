@@ -87,6 +87,7 @@ namespace detail {
 //                    saturating packs (negatives and INT_MIN → 0), min(levels, ·), then
 //                    little-endian within a byte
 //   clip             v > t ? t : (v < −t ? −t : v), the scalar quantizer's clipping
+//
 // The ±1 factors of an in-vector butterfly of stride H: +1 in lanes with bit H clear
 // (they get x[i] + x[i+H]), −1 in the others (x[i−H] − x[i]). A constant in memory,
 // so each stage is a permute and an FMA with a memory operand (a blend of two
