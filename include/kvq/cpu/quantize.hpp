@@ -91,7 +91,7 @@ namespace detail {
 // The ±1 factors of an in-vector butterfly of stride H: +1 in lanes with bit H clear
 // (they get x[i] + x[i+H]), −1 in the others (x[i−H] − x[i]). A constant in memory,
 // so each stage is a permute and an FMA with a memory operand (a blend of two
-// broadcasts per stage cost a third of the FWHT's uops).
+// broadcasts per stage was a third of the in-vector stages' instructions).
 template <int L, int H>
 alignas(64) inline constexpr std::array<float, L> kButterflySigns = [] {
   std::array<float, L> s{};

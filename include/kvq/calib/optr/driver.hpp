@@ -7,6 +7,7 @@
 #include <cmath>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,12 +71,15 @@ inline HeadResult calibrate_head(const HeadData& train, const HeadData& held, co
       [&](const MatD& R) { return kheld.loss(R); }, cfg);
   r.RK = r.k.R;
 
-  const VPhase vtrain(train, r.nu_v, policy.value, cfg, ktrain, r.RK);
-  const VPhase vheld(held, r.nu_v, policy.value, cfg, kheld, r.RK);
   OptRConfig vcfg = cfg;
   if (cfg.v_steps >= 0) vcfg.steps = cfg.v_steps;
+  // The training loss only when the V phase takes steps (v_steps 0 needs the held-out
+  // base loss alone).
+  std::optional<VPhase> vtrain;
+  if (vcfg.steps > 0) vtrain.emplace(train, r.nu_v, policy.value, cfg, ktrain, r.RK);
+  const VPhase vheld(held, r.nu_v, policy.value, cfg, kheld, r.RK);
   r.v = optimize_rotation(
-      r.RV0, [&](const MatD& R, MatD* g) { return vtrain.loss(R, g); },
+      r.RV0, [&](const MatD& R, MatD* g) { return vtrain->loss(R, g); },
       [&](const MatD& R) { return vheld.loss(R); }, vcfg);
   r.RV = r.v.R;
   return r;
