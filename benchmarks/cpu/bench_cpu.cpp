@@ -5,6 +5,12 @@
 //
 // Counters: GB/s of cache bytes read (packed codes + metadata, or fp16 rows), tokens/s
 // (token·KV-head pairs per second), and for the roofline benchmark the read bandwidth.
+//
+// Decode benchmarks take {tokens, cold}. Warm (cold = 0) reads the same cache every
+// iteration, so a cache that fits the last-level cache (a 2-bit cache of 32K tokens is
+// 5–8 MB) is served from it. Cold (cold = 1) gives each iteration the next of enough
+// copies of the cache (≥ 256 MiB in all) that every read comes from DRAM, as one layer's
+// cache does in a model's decode step; compare cold runs with BM_ReadBandwidth.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -28,6 +34,26 @@ std::vector<float> normal(std::size_t n, std::uint32_t seed) {
   return v;
 }
 
+// Copies of a cache pool: one when warm, ≥ kColdBytes in all when cold; next() hands
+// them out in turn.
+class PoolCopies {
+ public:
+  static constexpr std::size_t kColdBytes = std::size_t(256) << 20;
+  PoolCopies(const std::vector<std::byte>& pool, bool cold) {
+    const std::size_t count = cold ? std::max<std::size_t>(2, (kColdBytes + pool.size() - 1) / std::max<std::size_t>(pool.size(), 1)) : 1;
+    for (std::size_t i = 0; i < count; ++i) copies_.push_back(pool);
+  }
+  std::byte* next() {
+    std::byte* p = copies_[index_].data();
+    index_ = (index_ + 1) % copies_.size();
+    return p;
+  }
+
+ private:
+  std::vector<std::vector<std::byte>> copies_;
+  std::size_t index_ = 0;
+};
+
 struct Table {
   std::vector<std::int32_t> indptr, indices, last;
   explicit Table(int tokens) {
@@ -41,7 +67,8 @@ struct Table {
   int pages() const { return indptr[1]; }
 };
 
-// A quantized cache of `tokens` random tokens (one sequence) and a GQA-4 decode query.
+// A quantized cache of `tokens` random tokens (one sequence), in one copy or, cold, in
+// many (PoolCopies), and a GQA-4 decode query.
 template <kvq::Policy P>
 struct QuantizedDecodeCase {
   Table t;
@@ -50,7 +77,8 @@ struct QuantizedDecodeCase {
   kvq::LayerParams params;
   std::vector<float> q, out, lse;
   std::int32_t q_indptr[2] = {0, 1};
-  explicit QuantizedDecodeCase(int tokens) : t(tokens), pool(layout.page_bytes() * t.pages()) {
+  PoolCopies copies;
+  QuantizedDecodeCase(int tokens, bool cold) : t(tokens), pool(layout.page_bytes() * t.pages()), copies({}, false) {
     if (P.key.centered) params.key_mean.assign(kKvHeads * kHeadDim, 0.1f);
     const auto k = normal(std::size_t(tokens) * kKvHeads * kHeadDim, 1), v = normal(k.size(), 2);
     std::vector<std::int32_t> bi(tokens, 0), pos(tokens);
@@ -60,8 +88,9 @@ struct QuantizedDecodeCase {
     q = normal(kQoHeads * kHeadDim, 3);
     out.resize(q.size());
     lse.resize(kQoHeads);
+    copies = PoolCopies(pool, cold);
   }
-  kvq::ConstPagedCacheView<P> cache() const { return {pool.data(), t.pages(), layout}; }
+  kvq::ConstPagedCacheView<P> next_cache() { return {copies.next(), t.pages(), layout}; }
   kvq::DecodeParams<float, float> decode_params() { return {q.data(), q_indptr, kQoHeads, nullptr, 0.f, false, out.data(), lse.data()}; }
 };
 
@@ -80,10 +109,10 @@ template <kvq::Policy P, kvq::KeyScoring Scoring = kvq::KeyScoring::fp32_tiles,
           kvq::ValueAccumulation Values = kvq::ValueAccumulation::fp32_tiles>
 void BM_DecodeQuantized(benchmark::State& state) {
   const int tokens = int(state.range(0));
-  QuantizedDecodeCase<P> c(tokens);
+  QuantizedDecodeCase<P> c(tokens, state.range(1) != 0);
   const auto p = c.decode_params();
   for (auto _ : state) {
-    kvq::throw_if_error(kvq::decode_attention<P>(c.cache(), c.t.view(), p, c.params.view(), {Scoring, Values}));
+    kvq::throw_if_error(kvq::decode_attention<P>(c.next_cache(), c.t.view(), p, c.params.view(), {Scoring, Values}));
     benchmark::DoNotOptimize(c.out.data());
   }
   set_decode_counters<P>(state, tokens);
@@ -91,11 +120,11 @@ void BM_DecodeQuantized(benchmark::State& state) {
 
 #if defined(_OPENMP)
 // The same decode split over the KV chunks of the one sequence, on range(1) OpenMP
-// threads (kvq::decode_attention_split, 1024-token chunks).
+// threads (kvq::decode_attention_split, 1024-token chunks); cold.
 template <kvq::Policy P, kvq::KeyScoring Scoring, kvq::ValueAccumulation Values>
 void BM_DecodeQuantizedThreads(benchmark::State& state) {
   const int tokens = int(state.range(0)), threads = int(state.range(1));
-  QuantizedDecodeCase<P> c(tokens);
+  QuantizedDecodeCase<P> c(tokens, true);
   const auto p = c.decode_params();
   const kvq::SplitKvConfig split{1024};
   const std::size_t bytes = kvq::split_decode_workspace_bytes<P>(c.t.view(), p, kKvHeads, split);
@@ -103,7 +132,7 @@ void BM_DecodeQuantizedThreads(benchmark::State& state) {
   auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(storage.data()) + 63) / 64 * 64);
   const kvq::cpu::OpenMPExecutor executor{threads};
   for (auto _ : state) {
-    kvq::throw_if_error(kvq::decode_attention_split<P>(c.cache(), c.t.view(), p, c.params.view(), {Scoring, Values}, split,
+    kvq::throw_if_error(kvq::decode_attention_split<P>(c.next_cache(), c.t.view(), p, c.params.view(), {Scoring, Values}, split,
                                                        {aligned, bytes}, executor));
     benchmark::DoNotOptimize(c.out.data());
   }
@@ -130,8 +159,9 @@ void BM_DecodeFp16(benchmark::State& state) {
   std::vector<float> out(q.size()), lse(kQoHeads);
   const std::int32_t q_indptr[2] = {0, 1};
   const kvq::DecodeParams<float, float> p{q.data(), q_indptr, kQoHeads, nullptr, 0.f, false, out.data(), lse.data()};
+  PoolCopies copies(pool, state.range(1) != 0);
   for (auto _ : state) {
-    kvq::throw_if_error(kvq::dense_paged_attention<kHeadDim>(pool.data(), t.pages(), layout, t.view(), p));
+    kvq::throw_if_error(kvq::dense_paged_attention<kHeadDim>(copies.next(), t.pages(), layout, t.view(), p));
     benchmark::DoNotOptimize(out.data());
   }
   const double bytes = double(tokens) * kKvHeads * kHeadDim * 2 * sizeof(kvq::half_t);
@@ -243,7 +273,9 @@ void BM_RotateDense(benchmark::State& state) {
   state.counters["rows/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-#define KVQ_CONTEXTS ->Arg(1024)->Arg(4096)->Arg(16384)->Arg(32768)->Unit(benchmark::kMicrosecond)
+// {tokens, cold}
+#define KVQ_CONTEXTS \
+  ->Args({1024, 0})->Args({4096, 0})->Args({16384, 0})->Args({32768, 0})->Args({32768, 1})->Unit(benchmark::kMicrosecond)
 BENCHMARK(BM_DecodeFp16) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K8V8>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V4>) KVQ_CONTEXTS;

@@ -159,12 +159,18 @@ struct QuantizedTileSource {
       q8->template score_block<P.key.meta>(n, codes, meta, rows, s);
     }
   }
-  void prefetch(int t0, int n) const {
+  void prefetch_keys(int t0, int n) const {
     table.for_each_page_run(batch, t0, n, [&](int page, int slot, int count) {
       const auto& L = cache.layout;
       const std::byte* base = cache.page(page);
       prefetch_bytes(L.key_codes(base, head, slot), count * L.kKeyCodeBytes);
       prefetch_bytes(L.key_meta_bytes(base, head, slot), count * L.kKeyMetaBytes);
+    });
+  }
+  void prefetch_values(int t0, int n) const {
+    table.for_each_page_run(batch, t0, n, [&](int page, int slot, int count) {
+      const auto& L = cache.layout;
+      const std::byte* base = cache.page(page);
       prefetch_bytes(L.value_codes(base, head, slot), count * L.kValueCodeBytes);
       prefetch_bytes(L.value_meta_bytes(base, head, slot), count * L.kValueMetaBytes);
     });

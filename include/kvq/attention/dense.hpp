@@ -38,11 +38,11 @@ struct DenseTileSource {
   Rows rows;
   const float* q;
   int rows_padded;
-  void prefetch(int t0, int n) const {
-    rows(t0, n, [&](int, const T* key, const T* value) {
-      prefetch_bytes(key, D * sizeof(T));
-      prefetch_bytes(value, D * sizeof(T));
-    });
+  void prefetch_keys(int t0, int n) const {
+    rows(t0, n, [&](int, const T* key, const T*) { prefetch_bytes(key, D * sizeof(T)); });
+  }
+  void prefetch_values(int t0, int n) const {
+    rows(t0, n, [&](int, const T*, const T* value) { prefetch_bytes(value, D * sizeof(T)); });
   }
   void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) const {
     if (rows_padded <= kMaxDirectRows) {

@@ -438,9 +438,15 @@ KVQ_FORCE_INLINE bool rows_are_finite(const float* rows, int n) {
 
 // Asks for [p, p + bytes) to be brought into the cache ahead of use (a hint: nothing
 // on targets without one).
+//
+// The empty volatile asm is load-bearing: GCC's IPA pure-const pass treats a function
+// whose only statements are __builtin_prefetch as const and then deletes calls to it,
+// so a prefetch inside a per-slot lambda (the decode sources' page walks) compiled to nothing
+// (GCC 12, -O3: no prefetch instruction in the decode until this).
 KVQ_FORCE_INLINE void prefetch_bytes(const void* p, std::size_t bytes) {
 #if KVQ_GNU_HOST
   for (std::size_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(static_cast<const char*>(p) + offset);
+  asm volatile("" : : "r"(p));
 #else
   (void)p, (void)bytes;
 #endif
