@@ -38,22 +38,39 @@ struct DenseTileSource {
   Rows rows;
   const float* q;
   int rows_padded;
-  void prefetch_keys(int t0, int n) const {
-    rows(t0, n, [&](int, const T* key, const T*) { prefetch_bytes(key, D * sizeof(T)); });
+  // The next block's rows, queued by prefetch_keys and asked for by logits four tokens
+  // at a time between its token groups: a burst of a block's 256 lines (keys and
+  // values of 32 tokens) fills the L1 miss buffers and stalls. From DRAM (32K tokens,
+  // 2 KV heads, one Zen 4 core) spreading took 3.03 → 2.15 ms.
+  const T* next_key[kTokensPerBlock] = {};
+  const T* next_value[kTokensPerBlock] = {};
+  int next_count = 0;
+
+  void prefetch_keys(int t0, int n) {
+    rows(t0, n, [&](int j, const T* key, const T* value) { next_key[j] = key, next_value[j] = value; });
+    next_count = n;
   }
-  void prefetch_values(int t0, int n) const {
-    rows(t0, n, [&](int, const T*, const T* value) { prefetch_bytes(value, D * sizeof(T)); });
+  void prefetch_values(int, int) {}  // queued with the keys
+  void prefetch_next(int j0, int j1) {
+    for (int j = j0; j < std::min(j1, next_count); ++j) {
+      prefetch_bytes(next_key[j], D * sizeof(T));
+      prefetch_bytes(next_value[j], D * sizeof(T));
+    }
   }
-  void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) const {
+  void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) {
     if (rows_padded <= kMaxDirectRows) {
       alignas(64) static constexpr T zero_row[D] = {};
       const T* key[kTokensPerBlock];
       rows(t0, n, [&](int j, const T* k, const T*) { key[j] = k; });
       const int n_padded = (n + 3) / 4 * 4;
       std::fill(key + n, key + n_padded, zero_row);
-      logits_of<D>(q, rows_padded, RowsAt<D, T>{key}, n_padded, s);
+      logits_of<D>(q, rows_padded, RowsAt<D, T>{key}, n_padded, s, [&](int j0) { prefetch_next(j0, j0 + 4); });
+      prefetch_next(n_padded, kTokensPerBlock);
+      next_count = 0;
       return;
     }
+    prefetch_next(0, kTokensPerBlock);
+    next_count = 0;
     logits_from_tile<D>(q, rows_padded, t0, n, tile, s, [&](int t, int count, float* out) {
       rows(t, count, [&](int j, const T* key, const T*) { convert_row<D>(key, out + j * D); });
     });

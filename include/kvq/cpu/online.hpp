@@ -137,11 +137,10 @@ KVQ_FORCE_INLINE bool softmax_block(float (*s)[kTokensPerBlock], int rows, const
 //   src.values(t0, n, tile)    : tile[j·D + i] = v̂_{t0+j}[i] in the value order, j < n;
 //                                false unless every element is known to be finite
 //   src.prefetch_keys(t0, n), src.prefetch_values(t0, n) : hints that the keys / values
-//                                of tokens t0 .. t0+n come next. The next block's keys are
-//                                asked for before this block's logits and its values after
-//                                them: one burst of a whole block's lines fills the L1 miss
-//                                buffers and stalls (fp16 pages from DRAM, 32K tokens:
-//                                2.8 → 2.1 ms on a Zen 4 core)
+//                                of tokens t0 .. t0+n come next, given for the next block
+//                                before and after this block's logits: one burst of a
+//                                whole block's lines would fill the L1 miss buffers and
+//                                stall (a source may also queue them and spread them out)
 //   src.accumulate_values(t0, n, p, rows_padded, acc) (optional): acc += p·V̂ without a
 //                                value tile; false leaves acc alone and takes values()
 //   acc  : [padded_rows(rows)][D]; on return rows < `rows` hold Σ p·v̂ (unnormalized)

@@ -314,12 +314,19 @@ KVQ_FORCE_INLINE void logits_block(const float* KVQ_RESTRICT q, const KeyAt& key
   }
 }
 
+struct NoGroupHook {
+  void operator()(int) const {}
+};
+
 // S = Q·Kᵀ for rows_padded rows (1 or a multiple of 4) and n_padded tokens (multiple of
 // 4). Up to 8 rows share each key load (so rows converted in registers are converted
-// once); more rows take blocks of 4.
-template <int D, class KeyAt>
-void logits_of(const float* q, int rows_padded, const KeyAt& key_at, int n_padded, float (*s)[kTokensPerBlock]) {
+// once); more rows take blocks of 4. before_group(j0) runs before each group of 4 tokens
+// (the fp16 source spreads its prefetches there).
+template <int D, class KeyAt, class GroupHook = NoGroupHook>
+void logits_of(const float* q, int rows_padded, const KeyAt& key_at, int n_padded, float (*s)[kTokensPerBlock],
+               const GroupHook& before_group = {}) {
   for (int j0 = 0; j0 < n_padded; j0 += 4) {
+    before_group(j0);
     if (rows_padded == 1) {
       logits_block<D, 1, 4>(q, key_at, 0, j0, s);
     } else if (rows_padded == 8) {
