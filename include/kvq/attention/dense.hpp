@@ -38,25 +38,39 @@ struct DenseTileSource {
   Rows rows;
   const float* q;
   int rows_padded;
-  // The next block's rows, queued by prefetch_keys and asked for by logits four tokens
-  // at a time between its token groups: a burst of a block's 256 lines (keys and
-  // values of 32 tokens) fills the L1 miss buffers and stalls. From DRAM (32K tokens,
-  // 2 KV heads, one Zen 4 core) spreading took 3.03 → 2.15 ms.
+  // Prefetch queues. prefetch_keys / prefetch_values record the next block's rows;
+  // logits asks for the keys four tokens at a time between its token groups, and
+  // accumulate_values for the values one token at a time as its first column chunk
+  // walks the tokens. A burst of a block's 256 lines (keys and values of 32 tokens)
+  // fills the L1 miss buffers and stalls: spread, fp16 pages from DRAM (32K tokens,
+  // 2 KV heads, one Zen 4 core) took 3.03 → 1.89 ms.
   const T* next_key[kTokensPerBlock] = {};
   const T* next_value[kTokensPerBlock] = {};
-  int next_count = 0;
+  int next_keys = 0, next_values = 0;
 
   void prefetch_keys(int t0, int n) {
-    rows(t0, n, [&](int j, const T* key, const T* value) { next_key[j] = key, next_value[j] = value; });
-    next_count = n;
+    rows(t0, n, [&](int j, const T* key, const T*) { next_key[j] = key; });
+    next_keys = n;
   }
-  void prefetch_values(int, int) {}  // queued with the keys
-  void prefetch_next(int j0, int j1) {
-    for (int j = j0; j < std::min(j1, next_count); ++j) {
-      prefetch_bytes(next_key[j], D * sizeof(T));
-      prefetch_bytes(next_value[j], D * sizeof(T));
+  void prefetch_values(int t0, int n) {
+    rows(t0, n, [&](int j, const T*, const T* value) { next_value[j] = value; });
+    next_values = n;
+  }
+  static void ask_for(const T* const* row, int j0, int j1) {
+    for (int j = j0; j < j1; ++j) prefetch_bytes(row[j], D * sizeof(T));
+  }
+  // RowsAt that asks for queued row j of the next block when the first column chunk
+  // reads token j.
+  struct RowsAtAskingFor {
+    const T* const* row;
+    const T* const* next;
+    int next_count;
+    KVQ_FORCE_INLINE FloatVec<lanes_for(D)> operator()(int j, int i) const {
+      if (i == 0 && j < next_count) prefetch_bytes(next[j], D * sizeof(T));
+      return load_as_float<lanes_for(D)>(row[j] + i);
     }
-  }
+  };
+
   void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) {
     if (rows_padded <= kMaxDirectRows) {
       alignas(64) static constexpr T zero_row[D] = {};
@@ -64,29 +78,34 @@ struct DenseTileSource {
       rows(t0, n, [&](int j, const T* k, const T*) { key[j] = k; });
       const int n_padded = (n + 3) / 4 * 4;
       std::fill(key + n, key + n_padded, zero_row);
-      logits_of<D>(q, rows_padded, RowsAt<D, T>{key}, n_padded, s, [&](int j0) { prefetch_next(j0, j0 + 4); });
-      prefetch_next(n_padded, kTokensPerBlock);
-      next_count = 0;
+      logits_of<D>(q, rows_padded, RowsAt<D, T>{key}, n_padded, s,
+                   [&](int j0) { ask_for(next_key, j0, std::min(j0 + 4, next_keys)); });
+      ask_for(next_key, n_padded, next_keys);
+      next_keys = 0;
       return;
     }
-    prefetch_next(0, kTokensPerBlock);
-    next_count = 0;
+    ask_for(next_key, 0, next_keys);
+    next_keys = 0;
     logits_from_tile<D>(q, rows_padded, t0, n, tile, s, [&](int t, int count, float* out) {
       rows(t, count, [&](int j, const T* key, const T*) { convert_row<D>(key, out + j * D); });
     });
   }
-  bool accumulate_values(int t0, int n, const float (*p)[kTokensPerBlock], int padded, float* acc) const {
+  bool accumulate_values(int t0, int n, const float (*p)[kTokensPerBlock], int padded, float* acc) {
     if (padded > kMaxDirectRows) return false;
     const T* value[kTokensPerBlock];
     rows(t0, n, [&](int j, const T*, const T* v) { value[j] = v; });
     alignas(64) float before[kMaxDirectRows * D];
     std::copy(acc, acc + padded * D, before);
-    accumulate_of<D>(p, padded, RowsAt<D, T>{value}, n, acc);
+    accumulate_of<D>(p, padded, RowsAtAskingFor{value, next_value, std::min(n, next_values)}, n, acc);
+    ask_for(next_value, n, next_values);
+    next_values = 0;
     if (rows_are_finite<D>(acc, padded)) return true;
     std::copy(before, before + padded * D, acc);
     return false;
   }
-  bool values(int t0, int n, float* tile) const {
+  bool values(int t0, int n, float* tile) {
+    ask_for(next_value, 0, next_values);
+    next_values = 0;
     rows(t0, n, [&](int j, const T*, const T* value) { convert_row<D>(value, tile + j * D); });
     return rows_are_finite<D>(tile, n);
   }
