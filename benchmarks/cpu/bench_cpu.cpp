@@ -39,6 +39,7 @@ std::vector<float> normal(std::size_t n, std::uint32_t seed) {
 class PoolCopies {
  public:
   static constexpr std::size_t kColdBytes = std::size_t(256) << 20;
+  PoolCopies() = default;
   PoolCopies(const std::vector<std::byte>& pool, bool cold) {
     const std::size_t count = cold ? std::max<std::size_t>(2, (kColdBytes + pool.size() - 1) / std::max<std::size_t>(pool.size(), 1)) : 1;
     for (std::size_t i = 0; i < count; ++i) copies_.push_back(pool);
@@ -78,7 +79,7 @@ struct QuantizedDecodeCase {
   std::vector<float> q, out, lse;
   std::int32_t q_indptr[2] = {0, 1};
   PoolCopies copies;
-  QuantizedDecodeCase(int tokens, bool cold) : t(tokens), pool(layout.page_bytes() * t.pages()), copies({}, false) {
+  QuantizedDecodeCase(int tokens, bool cold) : t(tokens), pool(layout.page_bytes() * t.pages()) {
     if (P.key.centered) params.key_mean.assign(kKvHeads * kHeadDim, 0.1f);
     const auto k = normal(std::size_t(tokens) * kKvHeads * kHeadDim, 1), v = normal(k.size(), 2);
     std::vector<std::int32_t> bi(tokens, 0), pos(tokens);
