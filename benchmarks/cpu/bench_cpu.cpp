@@ -6,21 +6,29 @@
 // Counters: GB/s of cache bytes read (packed codes + metadata, or fp16 rows), tokens/s
 // (token·KV-head pairs per second), and for the roofline benchmark the read bandwidth.
 //
-// Decode benchmarks take {tokens, cold}. Warm (cold = 0) reads the same cache every
+// Decode benchmarks take {tokens, state}. Warm (state 0) reads the same cache every
 // iteration, so a cache that fits the last-level cache (a 2-bit cache of 32K tokens is
-// 5–8 MB) is served from it. Cold (cold = 1) gives each iteration the next of enough
+// 5–8 MB) is served from it. Cold (state 1) gives each iteration the next of enough
 // copies of the cache (≥ 256 MiB in all) that every read comes from DRAM, as one layer's
-// cache does in a model's decode step; compare cold runs with BM_ReadBandwidth.
+// cache does in a model's decode step; compare cold runs with BM_ReadBandwidth. State 2
+// is cold on transparent huge pages (fewer TLB misses).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kvq/kvq.hpp"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace {
 
@@ -34,24 +42,39 @@ std::vector<float> normal(std::size_t n, std::uint32_t seed) {
   return v;
 }
 
-// Copies of a cache pool: one when warm, ≥ kColdBytes in all when cold; next() hands
-// them out in turn.
+// Copies of a cache pool, each 2 MiB-aligned as an engine's pool would be (a vector's
+// buffer starts 16 bytes past a page boundary, so every 4 KB region of a page straddles
+// two OS pages: cold fp16 pages ran ~10% slower): one when warm (kWarm), ≥ kColdBytes in
+// all when cold; with kColdHugePages each copy also asks for transparent huge pages
+// (madvise(MADV_HUGEPAGE), Linux). next() hands them out in turn.
+enum CacheState : int { kWarm = 0, kCold = 1, kColdHugePages = 2 };
 class PoolCopies {
  public:
-  static constexpr std::size_t kColdBytes = std::size_t(256) << 20;
+  static constexpr std::size_t kColdBytes = std::size_t(256) << 20, kHugePage = std::size_t(2) << 20;
   PoolCopies() = default;
-  PoolCopies(const std::vector<std::byte>& pool, bool cold) {
-    const std::size_t count = cold ? std::max<std::size_t>(2, (kColdBytes + pool.size() - 1) / std::max<std::size_t>(pool.size(), 1)) : 1;
-    for (std::size_t i = 0; i < count; ++i) copies_.push_back(pool);
+  PoolCopies(const std::vector<std::byte>& pool, int state) {
+    const std::size_t bytes = std::max<std::size_t>((pool.size() + kHugePage - 1) / kHugePage * kHugePage, kHugePage);
+    const std::size_t count = state == kWarm ? 1 : std::max<std::size_t>(2, (kColdBytes + bytes - 1) / bytes);
+    for (std::size_t i = 0; i < count; ++i) {
+      copies_.emplace_back(static_cast<std::byte*>(std::aligned_alloc(kHugePage, bytes)));
+      if (!copies_.back()) throw std::bad_alloc();
+#if defined(__linux__)
+      if (state == kColdHugePages) madvise(copies_.back().get(), bytes, MADV_HUGEPAGE);
+#endif
+      std::memcpy(copies_.back().get(), pool.data(), pool.size());
+    }
   }
   std::byte* next() {
-    std::byte* p = copies_[index_].data();
+    std::byte* p = copies_[index_].get();
     index_ = (index_ + 1) % copies_.size();
     return p;
   }
 
  private:
-  std::vector<std::vector<std::byte>> copies_;
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<std::byte, Free>> copies_;
   std::size_t index_ = 0;
 };
 
@@ -69,7 +92,7 @@ struct Table {
 };
 
 // A quantized cache of `tokens` random tokens (one sequence), in one copy or, cold, in
-// many (PoolCopies), and a GQA-4 decode query.
+// many (PoolCopies, CacheState), and a GQA-4 decode query.
 template <kvq::Policy P>
 struct QuantizedDecodeCase {
   Table t;
@@ -79,7 +102,7 @@ struct QuantizedDecodeCase {
   std::vector<float> q, out, lse;
   std::int32_t q_indptr[2] = {0, 1};
   PoolCopies copies;
-  QuantizedDecodeCase(int tokens, bool cold) : t(tokens), pool(layout.page_bytes() * t.pages()) {
+  QuantizedDecodeCase(int tokens, int state) : t(tokens), pool(layout.page_bytes() * t.pages()) {
     if (P.key.centered) params.key_mean.assign(kKvHeads * kHeadDim, 0.1f);
     const auto k = normal(std::size_t(tokens) * kKvHeads * kHeadDim, 1), v = normal(k.size(), 2);
     std::vector<std::int32_t> bi(tokens, 0), pos(tokens);
@@ -89,7 +112,7 @@ struct QuantizedDecodeCase {
     q = normal(kQoHeads * kHeadDim, 3);
     out.resize(q.size());
     lse.resize(kQoHeads);
-    copies = PoolCopies(pool, cold);
+    copies = PoolCopies(pool, state);
   }
   kvq::ConstPagedCacheView<P> next_cache() { return {copies.next(), t.pages(), layout}; }
   kvq::DecodeParams<float, float> decode_params() { return {q.data(), q_indptr, kQoHeads, nullptr, 0.f, false, out.data(), lse.data()}; }
@@ -110,7 +133,7 @@ template <kvq::Policy P, kvq::KeyScoring Scoring = kvq::KeyScoring::fp32_tiles,
           kvq::ValueAccumulation Values = kvq::ValueAccumulation::fp32_tiles>
 void BM_DecodeQuantized(benchmark::State& state) {
   const int tokens = int(state.range(0));
-  QuantizedDecodeCase<P> c(tokens, state.range(1) != 0);
+  QuantizedDecodeCase<P> c(tokens, int(state.range(1)));
   const auto p = c.decode_params();
   for (auto _ : state) {
     kvq::throw_if_error(kvq::decode_attention<P>(c.next_cache(), c.t.view(), p, c.params.view(), {Scoring, Values}));
@@ -125,7 +148,7 @@ void BM_DecodeQuantized(benchmark::State& state) {
 template <kvq::Policy P, kvq::KeyScoring Scoring, kvq::ValueAccumulation Values>
 void BM_DecodeQuantizedThreads(benchmark::State& state) {
   const int tokens = int(state.range(0)), threads = int(state.range(1));
-  QuantizedDecodeCase<P> c(tokens, true);
+  QuantizedDecodeCase<P> c(tokens, kCold);
   const auto p = c.decode_params();
   const kvq::SplitKvConfig split{4096};
   const std::size_t bytes = kvq::split_decode_workspace_bytes<P>(c.t.view(), p, kKvHeads, split);
@@ -160,7 +183,7 @@ void BM_DecodeFp16(benchmark::State& state) {
   std::vector<float> out(q.size()), lse(kQoHeads);
   const std::int32_t q_indptr[2] = {0, 1};
   const kvq::DecodeParams<float, float> p{q.data(), q_indptr, kQoHeads, nullptr, 0.f, false, out.data(), lse.data()};
-  PoolCopies copies(pool, state.range(1) != 0);
+  PoolCopies copies(pool, int(state.range(1)));
   for (auto _ : state) {
     kvq::throw_if_error(kvq::dense_paged_attention<kHeadDim>(copies.next(), t.pages(), layout, t.view(), p));
     benchmark::DoNotOptimize(out.data());
@@ -274,9 +297,11 @@ void BM_RotateDense(benchmark::State& state) {
   state.counters["rows/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// {tokens, cold}
-#define KVQ_CONTEXTS \
-  ->Args({1024, 0})->Args({4096, 0})->Args({16384, 0})->Args({32768, 0})->Args({32768, 1})->Unit(benchmark::kMicrosecond)
+// {tokens, CacheState}
+#define KVQ_CONTEXTS                                                                                          \
+  ->Args({1024, kWarm})->Args({4096, kWarm})->Args({16384, kWarm})->Args({32768, kWarm})->Args({32768, kCold}) \
+      ->Args({32768, kColdHugePages})                                                                         \
+      ->Unit(benchmark::kMicrosecond)
 BENCHMARK(BM_DecodeFp16) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K8V8>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V4>) KVQ_CONTEXTS;
