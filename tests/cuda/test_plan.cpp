@@ -65,6 +65,11 @@ TEST(CudaPlan, SharedMemoryLayout) {
   EXPECT_GE(s.p_off(0), s.merge_bytes());
   EXPECT_EQ(s.q_off() - s.p_off(0), 4u * 32 * 8 * 4);
   EXPECT_LE(s.total(), 48u * 1024);  // K4V2 at d = 128 needs no opt-in
+  // Without the per-warp p buffers (the tensor-core kernel) q' follows the loop's bytes.
+  DecodeSmem no_p = s;
+  no_p.warp_weights = false;
+  EXPECT_EQ(no_p.q_off(), s.p_off(0));
+  EXPECT_EQ(s.total() - no_p.total(), 4u * 32 * 8 * 4);
   // Big rows drop to fewer warps so that the double-buffered staging stays ≤ 64 KiB.
   EXPECT_EQ(decode_warps(512), 2);   // fp16 d = 128 baseline
   EXPECT_EQ(decode_warps(1024), 1);  // fp32 d = 128

@@ -538,19 +538,27 @@ struct Int8Query {
             (h == 0 ? s_vec : lo_vec)[a] = v;
           }
         for (int r = 0; r < rows; ++r) {
-          __m512i acc[kClasses];
-          KVQ_UNROLL for (int a = 0; a < kClasses; ++a) acc[a] = _mm512_setzero_si512();
+          // Two chains per class, not one chain of 8 vpdpbusd latencies per row; the
+          // integer sums are the same.
+          __m512i acc[kClasses][2];
+          KVQ_UNROLL for (int a = 0; a < kClasses; ++a) acc[a][0] = acc[a][1] = _mm512_setzero_si512();
           KVQ_UNROLL for (int m = 0; m < 4; ++m)
-            KVQ_UNROLL for (int k = 0; k < kSlabs; ++k)
-              acc[transposed_class(m)] = _mm512_dpbusd_epi32(acc[transposed_class(m)], c[m][k], _mm512_load_si512(q_lanes[r][k][m]));
-          __m512 f = _mm512_setzero_ps();
+            KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
+              dpbusd_in_place(acc[transposed_class(m)][(m * kSlabs + k) % 2], c[m][k],
+                              *reinterpret_cast<const __m512i*>(q_lanes[r][k][m]));
+            }
+          // The lo terms do not wait on the sums: each class is s·(σ·isum + μR) + lo·Σq'
+          // with lo·Σq' computed aside, and the classes are added last.
+          __m512 f[kClasses];
           KVQ_UNROLL for (int a = 0; a < kClasses; ++a) {
-            const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, acc[a]);
+            const __m512 lo_term = _mm512_mul_ps(lo_vec[a], _mm512_load_ps(sum_lanes_t[r][a]));
+            const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, _mm512_add_epi32(acc[a][0], acc[a][1]));
             const __m512 code_term = _mm512_fmadd_ps(isum, _mm512_load_ps(sigma_lanes[r][a]), _mm512_load_ps(residual_lanes[r][a]));
-            f = _mm512_fmadd_ps(code_term, s_vec[a], f);
-            f = _mm512_fmadd_ps(lo_vec[a], _mm512_load_ps(sum_lanes_t[r][a]), f);
+            f[a] = _mm512_fmadd_ps(code_term, s_vec[a], lo_term);
           }
-          partial[r][q] = f;
+          static_assert(kClasses <= 2, "kTransposed groups hold ≥ 8 bytes");
+          if constexpr (kClasses == 1) partial[r][q] = f[0];
+          else partial[r][q] = _mm512_add_ps(f[0], f[1]);
         }
       }
       // Lane (c, t) of quad q is token 4q + t (64-byte rows) or 8q + 4·(c/2) + t (32-byte

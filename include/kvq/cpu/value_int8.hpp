@@ -306,14 +306,6 @@ struct Int8ValueBlock {
     return idx;
   }();
 
-  // acc += vpdpbusd(w, codes) with the accumulator tied to its register. Through the
-  // intrinsic, GCC 12 copied each of the 16 loop-carried accumulators of accumulate_vnni
-  // out and back on every iteration (32 zmm moves, two spills); bit-identical, 6% faster
-  // decode.
-  static KVQ_FORCE_INLINE void dpbusd_in_place(__m512i& acc, __m512i w, __m512i codes) {
-    asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(codes));
-  }
-
   // With out set, the sums go into out [rows][D] as add_to would add them; isum is not
   // written.
   template <int RB>

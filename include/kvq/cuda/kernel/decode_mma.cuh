@@ -360,7 +360,7 @@ struct MmaDecodeConfig {
   // Query fragments [KS][kMaxSplits][32 lanes] uint2, then the CTA's exponent of Q' (int).
   static constexpr std::size_t kFragBytes = std::size_t(KS) * kMaxSplits * 32 * 8 + 16;
   static constexpr DecodeSmem smem{std::size_t(Src::kcb), std::size_t(Src::kmb), std::size_t(Src::vcb),
-                                   std::size_t(Src::vmb), D, R, Src::NK, NW, kFragBytes, NS};
+                                   std::size_t(Src::vmb), D, R, Src::NK, NW, kFragBytes, NS, false};
 };
 
 // Max over the 8 lanes of a lane quarter t (lanes t, t+4, …, t+28: the tokens of a row).

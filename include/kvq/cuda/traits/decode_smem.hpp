@@ -13,7 +13,7 @@ namespace kvq::cuda {
 // Bytes from the start of dynamic shared memory.
 //   per warp, `stages` stages of: K codes [32 tokens][kcb] (the CUDA-core kernel: [Ck][32]
 //                          16-byte chunks), K meta [32][kmb], V codes [32][vcb], V meta [32][vmb]
-//   per warp: p [32][R] fp32
+//   per warp: p [32][R] fp32 (the CUDA-core kernel only: warp_weights)
 //   per CTA : q' [R][D] fp32, Σq' per key group [R][NK] fp32, shift [R], limit [R],
 //             then `frag_bytes` for the tensor-core kernel's query fragments
 //   after the token loop the stage buffers are reused for the cross-warp merge:
@@ -23,6 +23,7 @@ struct DecodeSmem {
   int head_dim = 128, rows = 8, key_groups = 1, warps = 4;
   std::size_t frag_bytes = 0;
   int stages = 2;
+  bool warp_weights = true;  // the p buffers; the tensor-core kernel keeps p in registers
 
   KVQ_HOST_DEVICE constexpr std::size_t kc_off() const { return 0; }
   KVQ_HOST_DEVICE constexpr std::size_t km_off() const { return kc_off() + align_up(kcb * kWarpTokens, 16); }
@@ -40,7 +41,7 @@ struct DecodeSmem {
     return staging_bytes() > merge_bytes() ? staging_bytes() : merge_bytes();
   }
   KVQ_HOST_DEVICE constexpr std::size_t p_off(int warp) const {
-    return align_up(loop_bytes(), 16) + std::size_t(warp) * kWarpTokens * rows * 4;
+    return align_up(loop_bytes(), 16) + (warp_weights ? std::size_t(warp) * kWarpTokens * rows * 4 : 0);
   }
   KVQ_HOST_DEVICE constexpr std::size_t q_off() const { return p_off(warps); }
   KVQ_HOST_DEVICE constexpr std::size_t qsum_off() const { return q_off() + std::size_t(rows) * head_dim * 4; }
