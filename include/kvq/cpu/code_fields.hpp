@@ -62,9 +62,9 @@ KVQ_FORCE_INLINE __m512i code_field(__m512i x, int k) {
 #if KVQ_CPU_AVX512_VNNI
 // acc += vpdpbusd(u8 a, s8 b) with the accumulator tied to its register (b may come
 // from memory). Through the intrinsic, GCC 12 copies loop-carried and freshly zeroed
-// accumulators out and back around the products (183 zmm moves per 16 tokens in the
-// key scoring at 4 rows; spills in the value sums). Same integers; key scoring of a
-// 32-token block at 4 rows 124 → 92 ns (Zen 5).
+// accumulators out and back around the products (up to 183 zmm moves per 16 tokens in
+// the key scoring; spills in the value sums). Same integers; key scoring of a 32-token
+// block at 4 rows 99 → 92 ns in an L1-resident micro-benchmark (Zen 5).
 KVQ_FORCE_INLINE void dpbusd_in_place(__m512i& acc, __m512i a, const __m512i& b) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
 }
