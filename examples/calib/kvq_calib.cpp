@@ -34,15 +34,11 @@ namespace {
 
 using namespace kvq::calib;
 
+// A preset name, optionally with :kclip=, :vclip=, :meta= (kvq::parse_policy).
 kvq::Policy policy_by_name(const std::string& name, int head_dim) {
-  for (const auto& p : kvq::presets::all)
-    if (p.name == name) return p.policy.with_head_dim(head_dim);
-  std::string known;
-  for (const auto& p : kvq::presets::all) {
-    if (!known.empty()) known += ", ";
-    known += p.name;
-  }
-  throw kvq::Error(kvq::StatusCode::invalid_argument, "unknown policy '" + name + "' (known: " + known + ")");
+  kvq::Policy p{};
+  kvq::throw_if_error(kvq::parse_policy(name, p));
+  return p.with_head_dim(head_dim);
 }
 
 std::vector<int> parse_ints(const std::string& s) {
@@ -275,7 +271,7 @@ int main(int argc, char** argv) {
   std::string policy = "K2V2_R", out = "optr.safetensors", base = "hadamard", param = "exp";
   auto* optr = app.add_subcommand("optr", "learn per-head rotations and write the artifact");
   add_windows(optr, oc);
-  optr->add_option("-p,--policy", policy, "preset name (its bits, groups, clip and centering are used)")
+  optr->add_option("-p,--policy", policy, "preset name, optionally with :kclip=N, :vclip=N, :meta=T (its bits, groups, clip and centering are used)")
       ->capture_default_str();
   optr->add_option("-o,--out", out, "artifact path")->capture_default_str();
   optr->add_option("--base", base, "base rotation: hadamard, covariance or identity")->capture_default_str();

@@ -9,14 +9,15 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kvq/cache/host_cache.hpp"
 #include "kvq/calib/artifact.hpp"
-#include "kvq/core/dispatch.hpp"
 #include "common.hpp"
 #include "model.hpp"
 #include "tokenizer.hpp"
@@ -49,35 +50,34 @@ inline std::vector<std::string> split_csv(const std::string& s) {
   return out;
 }
 
-// The preset of that name, or nullptr ("fp32" and unknown names).
-inline const kvq::presets::NamedPolicy* find_preset(std::string_view name) {
-  for (const auto& p : kvq::presets::all)
-    if (p.name == name) return &p;
-  return nullptr;
+// The policy a spelling names (kvq::parse_policy: a preset, optionally with :kclip=,
+// :vclip=, :meta=), at head_dim 128; nothing for "fp32". Throws for other spellings.
+inline std::optional<kvq::Policy> parse_policy(std::string_view spelling) {
+  if (spelling == "fp32") return std::nullopt;
+  kvq::Policy p{};
+  kvq::throw_if_error(kvq::parse_policy(spelling, p));
+  return p;
 }
 
 // Bits per cached element of the quantized part, metadata included (fp32 → 32).
 inline double policy_bits(const std::string& name, int head_dim) {
-  const auto* p = find_preset(name);
-  return p ? p->policy.with_head_dim(head_dim).bits_per_element() : 32.0;
+  const auto p = parse_policy(name);
+  return p ? p->with_head_dim(head_dim).bits_per_element() : 32.0;
 }
 
 // Centered keys whose mean is not carried by a learned-rotation artifact (the _HC presets).
 inline bool policy_centers_keys(const std::string& name) {
-  const auto* p = find_preset(name);
-  return p && p->policy.key.centered && p->policy.key.rotation != kvq::Rotation::dense;
+  const auto p = parse_policy(name);
+  return p && p->key.centered && p->key.rotation != kvq::Rotation::dense;
 }
 
 inline bool policy_needs_artifact(const std::string& name) {
-  const auto* p = find_preset(name);
-  return p && (p->policy.key.rotation == kvq::Rotation::dense || p->policy.value.rotation == kvq::Rotation::dense);
+  const auto p = parse_policy(name);
+  return p && (p->key.rotation == kvq::Rotation::dense || p->value.rotation == kvq::Rotation::dense);
 }
 
-// Throws unless `name` is "fp32" or a preset.
-inline void require_policy_name(const std::string& name) {
-  if (name != "fp32" && !find_preset(name))
-    throw kvq::Error(kvq::StatusCode::invalid_argument, "unknown policy '" + name + "' (fp32 or a kvq preset name)");
-}
+// Throws unless `name` is "fp32" or a policy spelling.
+inline void require_policy_name(const std::string& name) { (void)parse_policy(name); }
 
 // Per-layer policies of a `kvq_calib allocate` table (header, then `layer,policy,...`).
 inline std::vector<std::string> read_layer_table(const std::string& path, int n_layers) {
@@ -169,6 +169,14 @@ inline std::vector<int> encode_prefix(const Tokenizer& tok, const std::string& t
   return out;
 }
 
+// An --artifact entry PATH, POLICY=PATH or TAG=PATH as {name, path} (name empty for a
+// bare PATH). Split at the last '=', since policy spellings hold '=' (K2V2_R:vclip=1000).
+inline std::pair<std::string, std::string> split_artifact_entry(const std::string& e) {
+  const auto eq = e.rfind('=');
+  if (eq == std::string::npos) return {"", e};
+  return {e.substr(0, eq), e.substr(eq + 1)};
+}
+
 // OptR artifacts (kvq_calib optr) named on the command line, each entry PATH (any
 // learned-rotation policy), POLICY=PATH, or TAG=PATH (for an eval entry POLICY@TAG).
 // Files are read once per (path, policy).
@@ -183,10 +191,10 @@ class Artifacts {
   std::string path_for(const std::string& policy, const std::string& tag = "") const {
     std::string by_tag, by_policy, bare;
     for (const auto& e : entries_) {
-      const auto eq = e.find('=');
-      if (eq == std::string::npos) bare = e;
-      else if (!tag.empty() && e.substr(0, eq) == tag) by_tag = e.substr(eq + 1);
-      else if (e.substr(0, eq) == policy) by_policy = e.substr(eq + 1);
+      const auto [name, path] = split_artifact_entry(e);
+      if (name.empty()) bare = path;
+      else if (!tag.empty() && name == tag) by_tag = path;
+      else if (name == policy) by_policy = path;
     }
     if (!tag.empty() && by_tag.empty())
       throw kvq::Error(kvq::StatusCode::invalid_argument, "no --artifact " + tag + "=PATH for policy entry " + policy + "@" + tag);
@@ -205,12 +213,9 @@ class Artifacts {
     auto it = learned_.find(key);
     if (it != learned_.end()) return it->second;
     const auto art = kvq::calib::read_artifact(std::filesystem::path(path));
+    const kvq::Policy p = parse_policy(policy).value().with_head_dim(head_dim_);
     std::vector<kvq::LayerParams> out;
-    kvq::throw_if_error(kvq::dispatch_head_dim<64, 128>(head_dim_, [&]<int D>() {
-      kvq::throw_if_error(kvq::dispatch_preset<D>(policy, [&]<kvq::Policy P>() {
-        for (int l = 0; l < n_layers_; ++l) out.push_back(kvq::calib::layer_params<P>(art, l));
-      }));
-    }));
+    for (int l = 0; l < n_layers_; ++l) out.push_back(kvq::calib::layer_params(art, p, l));
     return learned_.emplace(key, std::move(out)).first->second;
   }
 
@@ -220,8 +225,7 @@ class Artifacts {
   std::vector<kvq::LayerParams> key_means(std::string* source = nullptr) const {
     std::string path;
     for (const auto& e : entries_) {
-      const auto eq = e.find('=');
-      const std::string p = eq == std::string::npos ? e : e.substr(eq + 1);
+      const std::string p = split_artifact_entry(e).second;
       if (!path.empty() && p != path)
         throw kvq::Error(kvq::StatusCode::invalid_argument,
                          "key means: several --artifact files are named; pass --calib-text to choose the means");
@@ -289,6 +293,13 @@ struct Run {
   double bits = 32;                      // mean bits/element over layers
   bool is_fp() const { return label == "fp32"; }
 };
+
+// Width of the policy column of a report: the longest label, at least 16.
+inline int label_width(const std::vector<Run>& runs) {
+  std::size_t w = 16;
+  for (const Run& r : runs) w = std::max(w, r.label.size());
+  return int(w);
+}
 
 // fp32 first, then the `policies` entries (NAME or NAME@TAG; "fp32" is skipped), then one
 // run per per-layer table.

@@ -11,7 +11,8 @@
 
 namespace smollm2 {
 
-// A cache for "fp32" or any kvq preset name (kvq::presets::all) at head_dim 64 or 128.
+// A cache for "fp32", any kvq preset name (kvq::presets::all) or one of the spelled
+// variants listed in caches.cpp, at head_dim 64 or 128.
 // Throws kvq::Error for an unknown name or head_dim, or parameters the policy rejects.
 std::unique_ptr<kvq::KVCache> make_kv_cache(std::string_view policy, int head_dim, const kvq::HostCacheOptions& options,
                                             kvq::LayerParams params = {});

@@ -163,7 +163,8 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
   if (csv) fmt::print(csv, "policy,bits_per_element,cache_bytes_per_token,ppl,kl,kl_far,top1\n");
   fmt::print("SmolLM2-135M, {} tokens of {} in {} chunks of {}, positions >= {} scored (block {}, sink {}, recent {})\n",
              n_chunks * a.ctx, a.text, n_chunks, a.ctx, a.score_from, ca.block, ca.sink, ca.recent);
-  fmt::print("{:<16} {:>9} {:>12} {:>10} {:>11} {:>11} {:>8}\n", "policy", "bits/elem", "bytes/token", "ppl", "KL",
+  const int w = label_width(runs);
+  fmt::print("{:<{}} {:>9} {:>12} {:>10} {:>11} {:>11} {:>8}\n", "policy", w, "bits/elem", "bytes/token", "ppl", "KL",
              "KL(t>=W)", "top1");
   for (std::size_t r = 0; r < runs.size(); ++r) {
     const Acc& A = acc[r];
@@ -171,7 +172,7 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
     const bool fp = runs[r].is_fp();
     const double kl = fp ? 0 : A.kl / double(A.scored), klf = fp || !A.far ? 0 : A.kl_far / double(A.far);
     const double top1 = fp ? 1 : double(A.agree) / double(A.scored);
-    fmt::print("{:<16} {:>9.3f} {:>12.0f} {:>10.4f} {:>11.3e} {:>11.3e} {:>8.4f}\n", runs[r].label, runs[r].bits,
+    fmt::print("{:<{}} {:>9.3f} {:>12.0f} {:>10.4f} {:>11.3e} {:>11.3e} {:>8.4f}\n", runs[r].label, w, runs[r].bits,
                A.bytes_per_token, ppl, kl, klf, top1);
     if (csv)
       fmt::print(csv, "{},{:.4f},{:.1f},{:.5f},{:.6e},{:.6e},{:.5f}\n", runs[r].label, runs[r].bits, A.bytes_per_token,
@@ -197,8 +198,7 @@ struct ParamSources {
                     "OptR artifact (kvq_calib optr): μ_K, R_K, R_V of learned-rotation presets, and μ_K for _HC "
                     "presets; PATH, POLICY=PATH or TAG=PATH (repeatable)")
         ->check([](const std::string& e) {
-          const auto eq = e.find('=');
-          const std::string path = eq == std::string::npos ? e : e.substr(eq + 1);
+          const std::string path = split_artifact_entry(e).second;
           return std::filesystem::is_regular_file(path) ? std::string() : "artifact file '" + path + "' not found";
         });
     sub->add_option("--calib-text", calib_text, "UTF-8 text whose first --calib-tokens tokens give the key means of _HC presets")
@@ -397,11 +397,12 @@ int cmd_passkey(const std::string& model_path, const PasskeyArgs& a, const Param
   if (csv) fmt::print(csv, "policy,bits_per_element,length,trials,correct,accuracy\n");
   fmt::print("SmolLM2-135M passkey retrieval, {} trials per length (seed {}, sink {}, recent {}); accuracy\n", a.trials,
              a.seed, ca.sink, ca.recent);
-  fmt::print("{:<16} {:>9}", "policy", "bits/elem");
+  const int w = label_width(runs);
+  fmt::print("{:<{}} {:>9}", "policy", w, "bits/elem");
   for (int n : lengths) fmt::print(" {:>8}", n);
   fmt::print("\n");
   for (std::size_t r = 0; r < runs.size(); ++r) {
-    fmt::print("{:<16} {:>9.3f}", runs[r].label, runs[r].bits);
+    fmt::print("{:<{}} {:>9.3f}", runs[r].label, w, runs[r].bits);
     for (std::size_t li = 0; li < lengths.size(); ++li) {
       fmt::print(" {:>8.2f}", double(hits[r][li]) / a.trials);
       if (csv)
@@ -584,7 +585,7 @@ int main(int argc, char** argv) {
   eval->add_option("--tokens", ea.tokens, "tokens evaluated (a multiple of --ctx is used)")->check(CLI::PositiveNumber);
   eval->add_option("--ctx", ea.ctx, "context length of each chunk")->check(CLI::Range(2, 8192));
   eval->add_option("--policies", ea.policies,
-                   "comma-separated: fp32 and kvq preset names (K4V2, K4V2_H, K4V2_HC, K2V2_R@TAG, ...)");
+                   "comma-separated: fp32 and kvq policies (K4V2, K4V2_HC, K2V2_R@TAG, K2V2_R:vclip=1000@TAG, ...: a preset name, or a variant instantiated in caches.cpp)");
   eval->add_option("--score-from", ea.score_from,
                    "score only positions >= N of each chunk (N = ctx/2 scores as llama.cpp's llama-perplexity)")
       ->check(CLI::NonNegativeNumber);
@@ -614,7 +615,7 @@ int main(int argc, char** argv) {
   PasskeyArgs pa;
   ParamSources pk_sources;
   auto* pk = app.add_subcommand("passkey", "passkey retrieval accuracy at long context, per policy (fp32 first)");
-  pk->add_option("--policies", pa.policies, "comma-separated: kvq preset names (K4V2_HC, K2V2_R@TAG, ...); fp32 always runs");
+  pk->add_option("--policies", pa.policies, "comma-separated: kvq policies (K4V2_HC, K2V2_R@TAG, K4V2_HC:vclip=920, ...); fp32 always runs");
   pk->add_option("--layer-policies", pa.layer_policies, "per-layer policy table (kvq_calib allocate), one more run (repeatable)")
       ->check(CLI::ExistingFile);
   pk->add_option("--lengths", pa.lengths, "comma-separated prompt lengths in tokens (the model's context is 8192)");

@@ -67,4 +67,35 @@ TEST(Policy, ToStringIsStable) {
   EXPECT_EQ(to_string(p.key), "b4 g32 hadamard clip1000 bf16 seed7");
 }
 
+// Run-time spellings: a preset name, then :key=value modifiers applied left to right.
+TEST(Policy, ParsesSpellings) {
+  Policy p{};
+  ASSERT_TRUE(parse_policy("K4V2_HC", p).ok());
+  EXPECT_EQ(p, presets::K4V2_HC);
+  ASSERT_TRUE(parse_policy("K2V2_R:vclip=1000", p).ok());
+  EXPECT_EQ(p, presets::K2V2_R.with_clip(960, 1000));
+  ASSERT_TRUE(parse_policy("K4V2_HC:vclip=920:kclip=1", p).ok());
+  EXPECT_EQ(p, presets::K4V2_HC.with_clip(1, 920));
+  ASSERT_TRUE(parse_policy("K4V2:meta=bf16:kclip=960:kclip=970", p).ok());  // the last one wins
+  EXPECT_EQ(p, presets::K4V2.with_meta(MetaType::bf16).with_clip(970, 1000));
+  ASSERT_TRUE(parse_policy("K8V8:meta=fp32", p).ok());
+  EXPECT_EQ(p.value.meta, MetaType::fp32);
+}
+
+TEST(Policy, RejectsBadSpellingsAndLeavesTheOutputAlone) {
+  const Policy sentinel = presets::K8V8;
+  for (const char* bad : {"", "K3V3", "k4v2", "K4V2 ", "K4V2:", "K4V2::vclip=5", "K4V2:vclip", "K4V2:vclip=",
+                          "K4V2:vclip=0", "K4V2:vclip=1001", "K4V2:vclip=99999999999", "K4V2:vclip=-5",
+                          "K4V2:vclip=9x", "K4V2:clip=900", "K4V2:meta=fp8", "K4V2:meta=", "K4V2,K2V2"}) {
+    Policy p = sentinel;
+    const Status s = parse_policy(bad, p);
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << "'" << bad << "'";
+    EXPECT_FALSE(s.message().empty());
+    EXPECT_EQ(p, sentinel) << "'" << bad << "'";
+  }
+  Policy p{};
+  EXPECT_NE(parse_policy("K4V2:kclip=2000", p).message().find("kclip=2000"), std::string::npos);
+  EXPECT_NE(parse_policy("K3V3", p).message().find("K4V2_HC"), std::string::npos);  // lists the presets
+}
+
 }  // namespace

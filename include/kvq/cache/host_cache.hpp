@@ -282,14 +282,15 @@ class FullPrecisionKVCache final : public KVCache {
   detail::Window all_;
 };
 
-// A cache for a policy chosen at run time: a preset name (kvq::presets::all) or
-// "fp32". Only head_dim D is instantiated. Throws kvq::Error for unknown names.
-template <int D>
+// A cache for a policy chosen at run time: "fp32" or a policy spelling (parse_policy)
+// that is one of Instantiated (default: every preset). Only head_dim D and the listed
+// policies are instantiated. Throws kvq::Error for other spellings.
+template <int D, const auto& Instantiated = presets::all>
 std::unique_ptr<KVCache> make_kv_cache(std::string_view policy, const HostCacheOptions& options,
                                        LayerParams params = {}) {
   if (policy == "fp32") return std::make_unique<FullPrecisionKVCache<D>>(options);
   std::unique_ptr<KVCache> cache;
-  throw_if_error(dispatch_preset<D>(policy, [&]<Policy P>() {
+  throw_if_error(dispatch_preset<D, Instantiated>(policy, [&]<Policy P>() {
     cache = std::make_unique<HostKVCache<P>>(options, std::move(params), policy);
   }));
   return cache;

@@ -283,31 +283,37 @@ inline Artifact read_artifact(const std::filesystem::path& path) {
 }
 
 // Throws kvq::Error(invalid_argument) unless the artifact was calibrated for exactly
-// the policy P an engine instantiated.
-template <Policy P>
-void require_policy(const Artifact& a) {
-  if (!(a.policy == P))
+// `policy` (the one an engine instantiated).
+inline void require_policy(const Artifact& a, const Policy& policy) {
+  if (!(a.policy == policy))
     throw Error(StatusCode::invalid_argument,
                 "OptR artifact was calibrated for policy " + to_string(a.policy) +
-                    " but the instantiated policy is " + to_string(P) +
+                    " but the instantiated policy is " + to_string(policy) +
                     "; recalibrate with the instantiated policy (or instantiate the artifact's)");
 }
-
-// Run-time parameters (DESIGN §3) for layer `layer` under policy P, ready for
-// kvq::RotationParams via LayerParams::view(). Fields the policy does not use stay empty.
 template <Policy P>
-LayerParams layer_params(const Artifact& a, int layer) {
-  require_policy<P>(a);
+void require_policy(const Artifact& a) {
+  require_policy(a, P);
+}
+
+// Run-time parameters (DESIGN §3) for layer `layer` under `policy`, ready for
+// kvq::RotationParams via LayerParams::view(). Fields the policy does not use stay empty.
+inline LayerParams layer_params(const Artifact& a, const Policy& policy, int layer) {
+  require_policy(a, policy);
   for (const ArtifactLayer& L : a.layers) {
     if (L.layer != layer) continue;
     LayerParams p;
-    if (P.key.centered) p.key_mean = L.mu_k;
-    if (P.key.rotation == Rotation::dense) p.key_rotation = L.r_k;
-    if (P.value.centered) p.value_mean = L.nu_v;
-    if (P.value.rotation == Rotation::dense) p.value_rotation = L.r_v;
+    if (policy.key.centered) p.key_mean = L.mu_k;
+    if (policy.key.rotation == Rotation::dense) p.key_rotation = L.r_k;
+    if (policy.value.centered) p.value_mean = L.nu_v;
+    if (policy.value.rotation == Rotation::dense) p.value_rotation = L.r_v;
     return p;
   }
   throw Error(StatusCode::out_of_range, "OptR artifact has no layer " + std::to_string(layer));
+}
+template <Policy P>
+LayerParams layer_params(const Artifact& a, int layer) {
+  return layer_params(a, P, layer);
 }
 
 // Per-head transforms of one stored layer, for measuring errors with calibrated

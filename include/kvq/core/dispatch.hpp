@@ -2,6 +2,7 @@
 //
 //   kvq::dispatch_head_dim<64, 128>(d, [&]<int D>() { ... });
 //   kvq::dispatch_preset<128>("K4V2_H", [&]<kvq::Policy P>() { ... });
+//   kvq::dispatch_preset<128, kShipped>("K2V2_R:vclip=1000", ...);   // an engine's own list
 //
 // The default branch returns Status::unsupported naming the value and what *is*
 // instantiated; nothing outside the listed set is ever instantiated. The macros
@@ -44,17 +45,27 @@ Status dispatch_head_dim(int head_dim, F&& f) {
   return result;
 }
 
-// Calls f.template operator()<P>() with P = the named preset at head_dim D.
-template <int D, class F>
-Status dispatch_preset(std::string_view name, F&& f) {
-  constexpr std::size_t N = std::size(presets::all);
+// Calls f.template operator()<P>() with P = the policy spelled `spelling` (a preset name
+// with optional modifiers, parse_policy) at head_dim D, if it is one of Instantiated
+// (an array of presets::NamedPolicy; default: every preset) at head_dim D. Only the
+// policies of Instantiated are instantiated, so an engine lists what it ships:
+//   inline constexpr kvq::presets::NamedPolicy kShipped[] = {
+//       {"K4V2", kvq::presets::K4V2}, {"K2V2_R:vclip=1000", kvq::presets::K2V2_R.with_clip(960, 1000)}};
+//   kvq::dispatch_preset<128, kShipped>(config_string, f);
+// A valid spelling that is not instantiated returns unsupported naming what is.
+template <int D, const auto& Instantiated = presets::all, class F>
+Status dispatch_preset(std::string_view spelling, F&& f) {
+  constexpr std::size_t N = std::size(Instantiated);
+  Policy wanted{};
+  if (Status parsed = parse_policy(spelling, wanted); !parsed.ok()) return {StatusCode::unsupported, parsed.message()};
+  wanted = wanted.with_head_dim(D);
   Status result;
   bool found = false;
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     auto try_one = [&]<std::size_t K>() {
-      if (found || presets::all[K].name != name) return;
+      constexpr Policy P = Instantiated[K].policy.with_head_dim(D);
+      if (found || !(P == wanted)) return;
       found = true;
-      constexpr Policy P = presets::all[K].policy.with_head_dim(D);
       if constexpr (std::is_same_v<decltype(f.template operator()<P>()), void>) {
         f.template operator()<P>();
       } else {
@@ -65,8 +76,9 @@ Status dispatch_preset(std::string_view name, F&& f) {
   }(std::make_index_sequence<N>{});
   if (!found) {
     std::string list;
-    for (const auto& p : presets::all) list += (list.empty() ? "" : ", ") + std::string(p.name);
-    return {StatusCode::unsupported, "unknown policy '" + std::string(name) + "' (available: " + list + ")"};
+    for (const auto& p : Instantiated) list += (list.empty() ? "" : ", ") + std::string(p.name);
+    return {StatusCode::unsupported,
+            "policy '" + std::string(spelling) + "' is not instantiated (available: " + list + ")"};
   }
   return result;
 }

@@ -11,12 +11,14 @@
 // rejected at compile time by check_policy<P>() with a readable static_assert.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 #include "kvq/core/config.hpp"
+#include "kvq/core/status.hpp"
 
 namespace kvq {
 
@@ -212,7 +214,68 @@ inline constexpr NamedPolicy all[] = {
     {"K4V2_HC", K4V2_HC}, {"K2V4_HC", K2V4_HC}, {"K2V2_HC", K2V2_HC}, {"K4V2_R", K4V2_R},
     {"K2V2_R", K2V2_R},
 };
+
+// The preset of that name, or nullptr.
+constexpr const NamedPolicy* find(std::string_view name) {
+  for (const auto& p : all)
+    if (p.name == name) return &p;
+  return nullptr;
+}
 }  // namespace presets
+
+// ---- spelling ------------------------------------------------------------------------
+// A policy chosen at run time (a command line, an engine's config file) is spelled as a
+// preset name with optional modifiers, each ":key=value", applied left to right:
+//   kclip=N, vclip=N   the key / value clip ratio in permille (1..1000; 1000 = no clip)
+//   meta=fp16|bf16|fp32  the metadata type of keys and values
+// e.g. "K2V2_R:vclip=1000" is presets::K2V2_R.with_clip(960, 1000). No commas or
+// spaces, so spellings sit in comma-separated lists and shell words. The result is at
+// the preset's head_dim (128); dispatchers apply with_head_dim. Errors name the part
+// they reject.
+inline Status parse_policy(std::string_view spelling, Policy& out) {
+  const std::size_t colon = std::min(spelling.find(':'), spelling.size());
+  const presets::NamedPolicy* base = presets::find(spelling.substr(0, colon));
+  if (!base) {
+    std::string list;
+    for (const auto& p : presets::all) list += (list.empty() ? "" : ", ") + std::string(p.name);
+    return {StatusCode::invalid_argument,
+            "unknown policy '" + std::string(spelling.substr(0, colon)) + "' (presets: " + list + ")"};
+  }
+  Policy p = base->policy;
+  std::string_view rest = spelling.substr(colon);
+  while (!rest.empty()) {
+    rest.remove_prefix(1);  // ':'
+    const std::size_t end = std::min(rest.find(':'), rest.size());
+    const std::string_view item = rest.substr(0, end);
+    rest.remove_prefix(end);
+    const std::size_t eq = item.find('=');
+    const std::string_view key = item.substr(0, eq), value = eq == std::string_view::npos ? "" : item.substr(eq + 1);
+    const auto bad = [&](const char* why) {
+      return Status(StatusCode::invalid_argument,
+                    "policy '" + std::string(spelling) + "': modifier '" + std::string(item) + "' " + why);
+    };
+    if (key == "kclip" || key == "vclip") {
+      int permille = 0;
+      for (const char c : value) {
+        if (c < '0' || c > '9' || permille > 1000) return bad("needs an integer in 1..1000");
+        permille = 10 * permille + (c - '0');
+      }
+      if (value.empty() || permille < 1 || permille > 1000) return bad("needs an integer in 1..1000");
+      (key == "kclip" ? p.key : p.value).clip_permille = permille;
+    } else if (key == "meta") {
+      MetaType m{};
+      if (value == "fp16") m = MetaType::fp16;
+      else if (value == "bf16") m = MetaType::bf16;
+      else if (value == "fp32") m = MetaType::fp32;
+      else return bad("needs fp16, bf16 or fp32");
+      p = p.with_meta(m);
+    } else {
+      return bad("is not one of kclip=, vclip=, meta=");
+    }
+  }
+  out = p;
+  return {};
+}
 
 static_assert(presets::K2V2.value.bits_per_element() == 2.25, "DESIGN §5: INT2 g128 = 2.25 bits");
 static_assert(presets::K4V2.key.bits_per_element() == 5.0, "DESIGN §5: INT4 g32 = 5.0 bits");
