@@ -468,10 +468,12 @@ KVQ_FORCE_INLINE auto fold_lanes(Vec v, Op op) {
 // share the key 0) are walked from the top: each round takes the largest key below the
 // previous one and counts its ties, until more than m = G−1−k keys lie at or above it.
 // That takes at most m + 1 rounds of G/kLanes vector compares: 2 for keys at OptR's
-// 0.96 of 32, 11 for values at 0.92 of 128. A nonzero key is |x| itself; key 0 means the
-// rank-k element is a zero, and the scalar's index tie-break then picks the k-th zero
-// in index order, whose sign the threshold keeps. Groups with a non-finite element are
-// copied unclipped (their result is the scalar quantizer's).
+// 0.96 of 32, 11 for values at 0.92 of 128. A round is a chain of two lane folds, so
+// kInterleave groups walk side by side (independent chains; a group that is done
+// skips its rounds). A nonzero key is |x| itself; key 0 means the rank-k element is a
+// zero, and the scalar's index tie-break then picks the k-th zero in index order, whose
+// sign the threshold keeps. Groups with a non-finite element are copied unclipped
+// (their result is the scalar quantizer's).
 //   x[r] : [D] fp32;  out : [n][D]
 template <QuantSpec S, int D>
 KVQ_FORCE_INLINE void clip_rows(int n, const float* const* x, float (*out)[D]) {
@@ -479,44 +481,67 @@ KVQ_FORCE_INLINE void clip_rows(int n, const float* const* x, float (*out)[D]) {
   using Keys = typename kvq::detail::GnuVec<std::int32_t, V::kLanes>::type;
   constexpr int L = V::kLanes, G = S.group, NG = D / G, NV = G / L;
   constexpr int k = clip_rank(G, S.clip_permille), m = G - 1 - k;
+  constexpr int kInterleave = 4;
   static_assert(G % L == 0);
-  for (int i = 0; i < n * NG; ++i) {
-    const float* xg = x[i / NG] + (i % NG) * G;
-    float* dst = out[i / NG] + (i % NG) * G;
-    bool finite = true;
-    KVQ_UNROLL for (int v = 0; v < NV; ++v) finite = V::all_finite(V::load(xg + L * v)) && finite;
-    if (!finite) {
-      std::memcpy(dst, xg, sizeof(float) * G);
-      continue;
+  const int total = n * NG;
+  for (int i0 = 0; i0 < total; i0 += kInterleave) {
+    Keys key[kInterleave][NV] = {};  // zero for groups that do not walk
+    std::int32_t threshold[kInterleave];
+    int at_or_above[kInterleave];
+    bool walking[kInterleave];
+    KVQ_UNROLL for (int c = 0; c < kInterleave; ++c) {
+      const int i = i0 + c;
+      threshold[c] = 0x7fffffff;  // above every finite key
+      at_or_above[c] = 0;
+      walking[c] = false;
+      if (i >= total) continue;
+      const float* xg = x[i / NG] + (i % NG) * G;
+      bool finite = true;
+      KVQ_UNROLL for (int v = 0; v < NV; ++v) finite = V::all_finite(V::load(xg + L * v)) && finite;
+      if (!finite) {
+        std::memcpy(out[i / NG] + (i % NG) * G, xg, sizeof(float) * G);
+        continue;
+      }
+      walking[c] = true;
+      KVQ_UNROLL for (int v = 0; v < NV; ++v) {
+        std::memcpy(&key[c][v], xg + L * v, sizeof key[c][v]);
+        key[c][v] &= 0x7fffffff;
+      }
     }
-    Keys key[NV];
-    KVQ_UNROLL for (int v = 0; v < NV; ++v) {
-      std::memcpy(&key[v], xg + L * v, sizeof key[v]);
-      key[v] &= 0x7fffffff;
+    for (bool more = true; more;) {
+      more = false;
+      KVQ_UNROLL for (int c = 0; c < kInterleave; ++c) {
+        if (!walking[c]) continue;
+        // The largest key below threshold (independent selects, then a tree), then its ties.
+        Keys below[NV], ties[NV];
+        KVQ_UNROLL for (int v = 0; v < NV; ++v) below[v] = key[c][v] < threshold[c] ? key[c][v] : Keys{} - 1;
+        KVQ_UNROLL for (int w = 1; w < NV; w *= 2)
+          KVQ_UNROLL for (int v = 0; v + w < NV; v += 2 * w) below[v] = below[v] > below[v + w] ? below[v] : below[v + w];
+        const std::int32_t next = fold_lanes<L>(below[0], [](Keys a, Keys b) { return a > b ? a : b; });
+        KVQ_UNROLL for (int v = 0; v < NV; ++v) ties[v] = key[c][v] == next;  // −1 per tie
+        KVQ_UNROLL for (int w = 1; w < NV; w *= 2)
+          KVQ_UNROLL for (int v = 0; v + w < NV; v += 2 * w) ties[v] += ties[v + w];
+        at_or_above[c] -= fold_lanes<L>(ties[0], [](Keys a, Keys b) { return a + b; });
+        threshold[c] = next;
+        walking[c] = at_or_above[c] <= m;
+        more = more || walking[c];
+      }
     }
-    std::int32_t threshold = 0x7fffffff;  // above every finite key
-    for (int at_or_above = 0; at_or_above <= m;) {
-      // The largest key below threshold (independent selects, then a tree), then its ties.
-      Keys below[NV], ties[NV];
-      KVQ_UNROLL for (int v = 0; v < NV; ++v) below[v] = key[v] < threshold ? key[v] : Keys{} - 1;
-      KVQ_UNROLL for (int w = 1; w < NV; w *= 2)
-        KVQ_UNROLL for (int v = 0; v + w < NV; v += 2 * w) below[v] = below[v] > below[v + w] ? below[v] : below[v + w];
-      const std::int32_t next = fold_lanes<L>(below[0], [](Keys a, Keys b) { return a > b ? a : b; });
-      KVQ_UNROLL for (int v = 0; v < NV; ++v) ties[v] = key[v] == next;  // −1 per tie
-      KVQ_UNROLL for (int w = 1; w < NV; w *= 2)
-        KVQ_UNROLL for (int v = 0; v + w < NV; v += 2 * w) ties[v] += ties[v + w];
-      at_or_above -= fold_lanes<L>(ties[0], [](Keys a, Keys b) { return a + b; });
-      threshold = next;
+    KVQ_UNROLL for (int c = 0; c < kInterleave; ++c) {
+      const int i = i0 + c;
+      if (i >= total || at_or_above[c] == 0) continue;  // past the batch, or copied unclipped
+      const float* xg = x[i / NG] + (i % NG) * G;
+      float* dst = out[i / NG] + (i % NG) * G;
+      float t = bits_float(std::uint32_t(threshold[c]));
+      if (threshold[c] == 0)
+        for (int e = 0, zeros = 0; e < G; ++e)
+          if (xg[e] == 0.f && zeros++ == k) {
+            t = xg[e];  // ±0: the scalar's x < 0 ? −x : x keeps it
+            break;
+          }
+      const typename V::F t_vec = V::set1(t), neg_t = V::set1(-t);
+      KVQ_UNROLL for (int v = 0; v < NV; ++v) V::store(dst + L * v, V::clip(V::load(xg + L * v), t_vec, neg_t));
     }
-    float t = bits_float(std::uint32_t(threshold));
-    if (threshold == 0)
-      for (int e = 0, zeros = 0; e < G; ++e)
-        if (xg[e] == 0.f && zeros++ == k) {
-          t = xg[e];  // ±0: the scalar's x < 0 ? −x : x keeps it
-          break;
-        }
-    const typename V::F t_vec = V::set1(t), neg_t = V::set1(-t);
-    KVQ_UNROLL for (int v = 0; v < NV; ++v) V::store(dst + L * v, V::clip(V::load(xg + L * v), t_vec, neg_t));
   }
 }
 
