@@ -74,12 +74,9 @@ Status dispatch_preset(std::string_view spelling, F&& f) {
     };
     (try_one.template operator()<I>(), ...);
   }(std::make_index_sequence<N>{});
-  if (!found) {
-    std::string list;
-    for (const auto& p : Instantiated) list += (list.empty() ? "" : ", ") + std::string(p.name);
-    return {StatusCode::unsupported,
-            "policy '" + std::string(spelling) + "' is not instantiated (available: " + list + ")"};
-  }
+  if (!found)
+    return {StatusCode::unsupported, "policy '" + std::string(spelling) + "' is not instantiated (available: " +
+                                         presets::names(Instantiated) + ")"};
   return result;
 }
 

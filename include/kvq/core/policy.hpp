@@ -221,6 +221,13 @@ constexpr const NamedPolicy* find(std::string_view name) {
     if (p.name == name) return &p;
   return nullptr;
 }
+
+// "A, B, C": the names of a NamedPolicy list, for messages.
+inline std::string names(const auto& list) {
+  std::string out;
+  for (const NamedPolicy& p : list) out += (out.empty() ? "" : ", ") + std::string(p.name);
+  return out;
+}
 }  // namespace presets
 
 // ---- spelling ------------------------------------------------------------------------
@@ -235,12 +242,9 @@ constexpr const NamedPolicy* find(std::string_view name) {
 inline Status parse_policy(std::string_view spelling, Policy& out) {
   const std::size_t colon = std::min(spelling.find(':'), spelling.size());
   const presets::NamedPolicy* base = presets::find(spelling.substr(0, colon));
-  if (!base) {
-    std::string list;
-    for (const auto& p : presets::all) list += (list.empty() ? "" : ", ") + std::string(p.name);
-    return {StatusCode::invalid_argument,
-            "unknown policy '" + std::string(spelling.substr(0, colon)) + "' (presets: " + list + ")"};
-  }
+  if (!base)
+    return {StatusCode::invalid_argument, "unknown policy '" + std::string(spelling.substr(0, colon)) +
+                                              "' (presets: " + presets::names(presets::all) + ")"};
   Policy p = base->policy;
   std::string_view rest = spelling.substr(colon);
   while (!rest.empty()) {
