@@ -11,63 +11,11 @@
 #include <vector>
 
 #include "common/paged_case.hpp"
+#include "common/quantizer_rows.hpp"
 #include "kvq/cache/append.hpp"
 #include "kvq/cpu/quantize.hpp"
 
 namespace {
-
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// Rows of D floats: random normals at several scales, then adversarial patterns.
-template <int D>
-std::vector<std::vector<float>> test_rows(std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<float>> rows;
-  for (float scale : {1.f, 1e-3f, 300.f, 1e6f}) {
-    std::normal_distribution<float> n(0.f, scale);
-    for (int k = 0; k < 8; ++k) {
-      std::vector<float> r(D);
-      for (auto& x : r) x = n(rng);
-      rows.push_back(r);
-    }
-  }
-  std::vector<float> r(D, 0.f);
-  rows.push_back(r);                                        // all +0
-  for (int i = 0; i < D; i += 3) r[i] = -0.f;
-  rows.push_back(r);                                        // ±0 mixed: the zero extremum's sign
-  for (int i = 0; i < D; ++i) r[i] = i % 5 == 0 ? -0.f : float(i % 7) * 0.25f;
-  rows.push_back(r);                                        // min is a signed zero
-  for (int i = 0; i < D; ++i) r[i] = -float(i % 7) * 0.25f;
-  for (int i = 0; i < D; i += 6) r[i] = (i % 12 == 0) ? 0.f : -0.f;
-  rows.push_back(r);                                        // max is a signed zero
-  std::fill(r.begin(), r.end(), 3.25f);
-  rows.push_back(r);                                        // constant
-  for (int i = 0; i < D; ++i) r[i] = 1.f + float(i % 3) * 1e-9f;
-  rows.push_back(r);                                        // range below fp16's resolution
-  for (int i = 0; i < D; ++i) r[i] = (i % 2 ? 1.f : -1.f) * 7e4f * float(1 + i % 3);
-  rows.push_back(r);                                        // beyond fp16: saturating metadata
-  for (int i = 0; i < D; ++i) r[i] = 3e38f * (1.f - float(i % 3) * 0.01f);
-  rows.push_back(r);                                        // finite, but sums overflow
-  for (float sign : {1.f, -1.f}) {
-    for (int i = 0; i < D; ++i) r[i] = sign * (1e6f + float(i % 3) * 0.0625f);
-    rows.push_back(r);                                      // lo beyond fp16, small range
-  }
-  for (int i = 0; i < D; ++i) r[i] = i % 2 ? 3e38f : 1e30f;
-  rows.push_back(r);                                        // codes far beyond 2^31 before the clamp
-  std::fill(r.begin(), r.end(), 1e30f + 1e24f);
-  rows.push_back(r);                                        // constant, lo rounded by bf16 metadata
-  for (int i = 0; i < D; ++i) r[i] = float(i) * 1e-40f;
-  rows.push_back(r);                                        // denormals
-  for (int special : {0, 1, 2}) {
-    std::normal_distribution<float> n;
-    for (auto& x : r) x = n(rng);
-    const float v = special == 0 ? std::nanf("") : (special == 1 ? kInf : -kInf);
-    r[5] = v;
-    r[D - 1] = v;
-    rows.push_back(r);                                      // non-finite groups next to finite ones
-  }
-  return rows;
-}
 
 // Bit-identical except that a NaN may carry another sign or payload (which NaN an add
 // of two NaNs returns depends on operand order, which compilers choose); the quantizer
@@ -75,7 +23,7 @@ std::vector<std::vector<float>> test_rows(std::uint32_t seed) {
 template <int D>
 void check_fwht(std::uint32_t sign_seed) {
   int index = 0;
-  for (const auto& row : test_rows<D>(sign_seed + 3)) {
+  for (const auto& row : kvq::test::test_rows<D>(sign_seed + 3)) {
     std::vector<float> fast = row, generic = row;
     kvq::cpu::hadamard_forward_fast<D>(fast.data(), sign_seed);
     kvq::cpu::hadamard_forward_generic<D>(generic.data(), sign_seed);
@@ -99,44 +47,6 @@ TEST(CpuQuantize, FwhtIsBitIdenticalToTheScalarButterflies) {
   }
 }
 
-// Rows on the rounding boundary of the code formula ⌊(x − lo)·inv + 0.5⌋: every group
-// holds 0 (its min, so lo = 0), a random max, and values x just below s/2 for which the
-// separately rounded product x·inv, plus 0.5, gives code 1 while a fused multiply-add
-// gives 0 (x·inv rounds up to 0.5 − 2⁻²⁵, whose sum with 0.5 ties to even at 1). A SIMD
-// path that let the compiler fuse its multiply and add (GCC contracts intrinsics too)
-// writes other codes than the scalar reference here. `found` counts such values.
-template <kvq::QuantSpec S, int D>
-std::vector<std::vector<float>> rounding_boundary_rows(std::uint32_t seed, int& found) {
-  using Meta = kvq::MetaTraits<S.meta>;
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> mantissa(1.f, 2.f);
-  found = 0;
-  std::vector<std::vector<float>> rows(4, std::vector<float>(D));
-  for (auto& row : rows)
-    for (int g = 0; g < D / S.group; ++g) {
-      float* x = row.data() + g * S.group;
-      const float hi = std::ldexp(mantissa(rng), int(rng() % 16) - 8);
-      const float s = Meta::decode(Meta::encode(kvq::div_rn(hi, float(S.levels()))));
-      const float inv = kvq::div_rn(1.f, s);
-      x[0] = 0.f;
-      x[1] = hi;
-      for (int i = 2; i < S.group; ++i) {
-        float v = kvq::mul_rn(0.5f, s);
-        for (int step = 0; step < 16; ++step) v = std::nextafter(v, 0.f);
-        x[i] = kvq::mul_rn(0.5f, s);
-        for (int step = 0; step < 32; ++step, v = std::nextafter(v, hi)) {
-          const bool split = std::floor(kvq::add_rn(kvq::mul_rn(v, inv), 0.5f)) == 1.f;
-          if (split && std::floor(std::fma(v, inv, 0.5f)) == 0.f) {
-            x[i] = v;
-            ++found;
-            break;
-          }
-        }
-      }
-    }
-  return rows;
-}
-
 // All test rows quantized in one quantize_rows_fast call (its phases run across rows),
 // each row against the scalar quantize_row.
 template <kvq::QuantSpec S, int D>
@@ -144,31 +54,8 @@ void check_quantize_row() {
   using Meta = kvq::MetaTraits<S.meta>;
   using MetaStorage = typename Meta::storage;
   constexpr int kBytes = D * S.bits / 8, kMeta = 2 * (D / S.group), kMaxRows = 80;
-  auto rows = test_rows<D>(S.bits * 1000 + S.group);
-  if constexpr (S.meta == kvq::MetaType::fp16)
-    for (float m : {1.3f, 1.45f, 1.49f}) {
-      // s = m·2⁻²⁴ is stored as the subnormal 2⁻²⁴, so the group's max gives
-      // ⌊m·levels + ½⌋ > levels before the clamp (the byte clamp of the SIMD path).
-      std::vector<float> r(D);
-      for (int i = 0; i < D; ++i) r[i] = i % 2 ? m * std::ldexp(1.f, -24) * float(S.levels()) : 0.f;
-      rows.push_back(r);
-    }
-  if constexpr (S.clips()) {
-    // The clip threshold's rank lands on ties: many equal |x| of both signs, or zeros of
-    // both signs (the rank-k zero's sign is the threshold's) beside larger or denormal
-    // values.
-    std::vector<float> r(D);
-    for (int i = 0; i < D; ++i) r[i] = (i % 2 ? 1.f : -1.f) * float(1 + i % 4) * 0.375f;
-    rows.push_back(r);
-    for (int zeros_per_16 : {15, 14, 12, 8}) {
-      for (int i = 0; i < D; ++i) r[i] = i % 16 < zeros_per_16 ? (i % 3 ? 0.f : -0.f) : -2.5f * float(1 + i % 5);
-      rows.push_back(r);
-      for (int i = 0; i < D; ++i) r[i] = i % 16 < zeros_per_16 ? (i % 3 ? -0.f : 0.f) : 1e-40f * float(1 + i % 5);
-      rows.push_back(r);  // the values beyond the zeros are denormals
-    }
-  }
   int boundary_values = 0;
-  for (auto& row : rounding_boundary_rows<S, D>(S.bits * 7 + S.group, boundary_values)) rows.push_back(row);
+  const auto rows = kvq::test::quantizer_rows<S, D>(boundary_values);
   ASSERT_GT(boundary_values, D / 4) << kvq::to_string(S) << ": too few values on the rounding boundary";
   const int n = int(rows.size());
   ASSERT_LE(n, kMaxRows);
@@ -207,14 +94,16 @@ TEST(CpuQuantize, GroupQuantizerIsBitIdenticalToTheScalarOne) {
   check_quantize_row<spec(2, 16, bf16), 64>();
   check_quantize_row<spec(4, 64, fp32), 256>();
   check_quantize_row<spec(8, 128, bf16), 256>();
-  // Clipping: the threshold found from the top (detail::clip_rows) against the scalar
-  // all-pairs ranking.
+  // Clipping: the threshold selected a group per lane (detail::clip_rows) against the
+  // scalar all-pairs ranking.
   check_quantize_row<spec(4, 32, fp16, 960), 128>();
   check_quantize_row<spec(2, 32, fp16, 900), 128>();
   check_quantize_row<spec(2, 128, fp16, 920), 128>();
   check_quantize_row<spec(4, 64, bf16, 850), 256>();
   check_quantize_row<spec(2, 16, fp32, 700), 64>();
-  check_quantize_row<spec(4, 128, fp16, 1), 128>();  // rank 0: the smallest |x|
+  check_quantize_row<spec(4, 128, fp16, 875), 128>();  // 16 kept keys: the longest insertion list
+  check_quantize_row<spec(2, 128, fp16, 868), 128>();  // 17: selected bit by bit
+  check_quantize_row<spec(4, 128, fp16, 1), 128>();    // rank 0: the smallest |x|
 }
 
 // Whole appends: every page byte equals what the scalar quantize_token_head writes.

@@ -7,6 +7,7 @@
 // checks on hardware. Shared memory is poisoned before each decode launch.
 #include "emulator/simt.hpp"
 
+#include "common/quantizer_rows.hpp"
 #include "cuda_test_utils.hpp"
 #include "kvq/cuda/kernel/decode.cuh"
 #include "kvq/cuda/kernel/decode_mma.cuh"
@@ -430,6 +431,62 @@ TEST(CudaEmulated, CodeUnpackingIsExactAndCoversEveryCode) {
     check_value_run<2, 16>(gen), check_value_run<4, 16>(gen), check_value_run<8, 16>(gen), check_value_run<2, 32>(gen);
     check_value_run<4, 64>(gen), check_value_run<8, 128>(gen);
   }
+}
+
+// The warp quantizer (a group per segment of lanes) against the scalar quantize_row on
+// the adversarial rows of the CPU SIMD test (clip-rank ties, signed zeros, NaN/Inf,
+// saturating and subnormal metadata, rounding-boundary values), one warp per row, into
+// poisoned outputs.
+template <QuantSpec S, int D>
+void check_warp_quantizer() {
+  using MetaStorage = meta_storage_t<S.meta>;
+  constexpr int kBytes = D * S.bits / 8, kMeta = 2 * (D / S.group);
+  int boundary_values = 0;
+  const auto rows = quantizer_rows<S, D>(boundary_values);
+  ASSERT_GT(boundary_values, D / 4) << to_string(S);
+  const int n = static_cast<int>(rows.size());
+  std::vector<float> in;
+  for (const auto& r : rows) in.insert(in.end(), r.begin(), r.end());
+  std::vector<std::uint8_t> codes(std::size_t(n) * kBytes, 0xAB);
+  std::vector<MetaStorage> meta(std::size_t(n) * kMeta);
+  std::memset(meta.data(), 0xAB, meta.size() * sizeof(MetaStorage));
+  kvq_emu::launch(dim3(n), dim3(32), [&] {
+    const int r = static_cast<int>(blockIdx.x);
+    kern::quantize_row_warp<S, D>(in.data() + std::size_t(r) * D, reinterpret_cast<std::byte*>(codes.data() + r * kBytes),
+                                  reinterpret_cast<std::byte*>(meta.data() + r * kMeta));
+  });
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::uint8_t> ref(kBytes, 0xCD);
+    std::vector<MetaStorage> ref_meta(kMeta);
+    std::memset(ref_meta.data(), 0xCD, kMeta * sizeof(MetaStorage));
+    quantize_row<S, D>(rows[r].data(), ref.data(), ref_meta.data());
+    EXPECT_EQ(std::memcmp(codes.data() + r * kBytes, ref.data(), kBytes), 0) << to_string(S) << " D " << D << " row " << r;
+    EXPECT_EQ(std::memcmp(meta.data() + r * kMeta, ref_meta.data(), kMeta * sizeof(MetaStorage)), 0)
+        << to_string(S) << " D " << D << " row " << r;
+  }
+}
+
+constexpr QuantSpec spec(int bits, int group, MetaType meta = MetaType::fp16, int clip = 1000) {
+  return QuantSpec{bits, group, Rotation::none, false, clip, meta, 0};
+}
+
+TEST(CudaEmulated, WarpQuantizerIsBitIdenticalToTheScalarOne) {
+  using enum MetaType;
+  // Segments of 8 and 32 lanes at D 128 (4 elements a lane), 2-bit codes shared by two
+  // lanes at D 64, 2-, 8- and 32-lane segments at D 256 (8 elements a lane).
+  check_warp_quantizer<spec(4, 32), 128>();
+  check_warp_quantizer<spec(2, 128), 128>();
+  check_warp_quantizer<spec(8, 32, fp32), 64>();
+  check_warp_quantizer<spec(2, 16, bf16), 64>();
+  check_warp_quantizer<spec(4, 64, fp32), 256>();
+  check_warp_quantizer<spec(2, 16), 256>();
+  check_warp_quantizer<spec(8, 256, bf16), 256>();
+  // Clipping: OptR's key and value ranks, other ranks and metadata, rank 0 (64 rounds).
+  check_warp_quantizer<spec(4, 32, fp16, 960), 128>();
+  check_warp_quantizer<spec(2, 128, fp16, 920), 128>();
+  check_warp_quantizer<spec(2, 16, fp32, 700), 64>();
+  check_warp_quantizer<spec(4, 64, bf16, 850), 256>();
+  check_warp_quantizer<spec(4, 64, fp16, 1), 64>();
 }
 
 // Tokens outside the page table are skipped and reported; the pool stays untouched.

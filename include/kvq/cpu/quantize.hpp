@@ -26,8 +26,8 @@
 //             conversion.
 // Non-finite groups and groups whose fp16 scale or lo saturates get the scalar
 // quantizer's own result.
-//   clipping  the threshold is the same k-th smallest |x| (found from the top on |x|'s
-//             IEEE pattern instead of by the scalar's all-pairs ranking,
+//   clipping  the threshold is the same k-th smallest |x| (selected on |x|'s IEEE
+//             pattern, a group per lane, instead of by the scalar's all-pairs ranking,
 //             detail::clip_rows), then the scalar's two compares per element.
 // The same code runs 16 lanes wide with AVX-512 and 8 wide with AVX2 + F16C
 // (detail::AppendSimd); without either, everything is the scalar path. The `*_generic`
@@ -37,6 +37,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "kvq/core/config.hpp"
 #include "kvq/core/packing.hpp"
@@ -444,36 +445,38 @@ KVQ_FORCE_INLINE void rotate_dense_fast(float* x, const float* r, float* scratch
 #if KVQ_CPU_APPEND_SIMD
 namespace detail {
 
-// op folded over the L lanes of v by halving shuffles (L = 8 or 16), in every lane.
-template <int L, class Vec, class Op>
-KVQ_FORCE_INLINE auto fold_lanes(Vec v, Op op) {
-  if constexpr (L == 16) {
-    v = op(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
-    v = op(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
-    v = op(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
-    v = op(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
-  } else {
-    static_assert(L == 8);
-    v = op(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3));
-    v = op(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5));
-    v = op(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6));
-  }
-  return v[0];
+// v[0..L) ← its transpose (lane c of v[j] = lane j of the old v[c]), L a power of two:
+// log2(L) levels of two-source shuffles, each swapping the off-diagonal blocks of size H.
+template <int H, class Vec, std::size_t... I>
+KVQ_FORCE_INLINE void swap_blocks(Vec& a, Vec& b, std::index_sequence<I...>) {
+  constexpr int L = sizeof...(I);
+  const Vec lo = __builtin_shufflevector(a, b, ((I & H) ? int(L + I - H) : int(I))...);  // a's left, b's left
+  const Vec hi = __builtin_shufflevector(a, b, ((I & H) ? int(L + I) : int(I + H))...);  // a's right, b's right
+  a = lo, b = hi;
+}
+template <int L, class Vec, int H = L / 2>
+KVQ_FORCE_INLINE void transpose_lanes(Vec* v) {
+  KVQ_UNROLL for (int i = 0; i < L; i += 2 * H)
+    KVQ_UNROLL for (int j = i; j < i + H; ++j) swap_blocks<H>(v[j], v[j + H], std::make_index_sequence<L>{});
+  if constexpr (H > 1) transpose_lanes<L, Vec, H / 2>(v);
 }
 
 // The clipping of a clipping spec for n rows: out[r] = x[r] with every finite group
 // clamped to ±t, t its threshold kth_smallest_abs(group, k), the same value bit for bit
-// (k = clip_rank). The scalar selection compares all pairs (G² compares per group).
-// Here the keys |bits(x)| (the IEEE pattern with the sign cleared orders |x|, and ±0
-// share the key 0) are walked from the top: each round takes the largest key below the
-// previous one and counts its ties, until more than m = G−1−k keys lie at or above it.
-// That takes at most m + 1 rounds of G/kLanes vector compares: 2 for keys at OptR's
-// 0.96 of 32, 11 for values at 0.92 of 128. A round is a chain of two lane folds, so
-// kInterleave groups walk side by side (independent chains; a group that is done
-// skips its rounds). A nonzero key is |x| itself; key 0 means the rank-k element is a
-// zero, and the scalar's index tie-break then picks the k-th zero in index order, whose
-// sign the threshold keeps. Groups with a non-finite element are copied unclipped
-// (their result is the scalar quantizer's).
+// (k = clip_rank). The scalar selection compares all pairs (G² compares per group); here
+// kLanes groups are selected at once, one group per lane, on the keys |bits(x)| (the
+// IEEE pattern with the sign cleared orders |x|; ±0 share the key 0), transposed so
+// that no step reduces across lanes:
+//   m + 1 ≤ 16 (m = G−1−k: 2 keys for OptR's 0.96 of 32, 11 values for 0.92 of 128)
+//       each key is inserted into a descending list of the m + 1 largest (a max and a
+//       min per entry, a systolic chain), whose last entry is the rank-k key;
+//   otherwise
+//       the largest T with more than m keys ≥ T, built bit by bit from bit 30 (31
+//       rounds of G compares) — the rank-k key again.
+// A nonzero key is |x| itself; key 0 means the rank-k element is a zero, and the
+// scalar's index tie-break then picks the k-th zero in index order, whose sign the
+// threshold keeps. Groups with a non-finite element are copied unclipped (their result
+// is the scalar quantizer's).
 //   x[r] : [D] fp32;  out : [n][D]
 template <QuantSpec S, int D>
 KVQ_FORCE_INLINE void clip_rows(int n, const float* const* x, float (*out)[D]) {
@@ -481,59 +484,60 @@ KVQ_FORCE_INLINE void clip_rows(int n, const float* const* x, float (*out)[D]) {
   using Keys = typename kvq::detail::GnuVec<std::int32_t, V::kLanes>::type;
   constexpr int L = V::kLanes, G = S.group, NG = D / G, NV = G / L;
   constexpr int k = clip_rank(G, S.clip_permille), m = G - 1 - k;
-  constexpr int kInterleave = 4;
   static_assert(G % L == 0);
   const int total = n * NG;
-  for (int i0 = 0; i0 < total; i0 += kInterleave) {
-    Keys key[kInterleave][NV] = {};  // zero for groups that do not walk
-    std::int32_t threshold[kInterleave];
-    int at_or_above[kInterleave];
-    bool walking[kInterleave];
-    KVQ_UNROLL for (int c = 0; c < kInterleave; ++c) {
-      const int i = i0 + c;
-      threshold[c] = 0x7fffffff;  // above every finite key
-      at_or_above[c] = 0;
-      walking[c] = false;
-      if (i >= total) continue;
-      const float* xg = x[i / NG] + (i % NG) * G;
-      bool finite = true;
-      KVQ_UNROLL for (int v = 0; v < NV; ++v) finite = V::all_finite(V::load(xg + L * v)) && finite;
-      if (!finite) {
-        std::memcpy(out[i / NG] + (i % NG) * G, xg, sizeof(float) * G);
+  for (int i0 = 0; i0 < total; i0 += L) {
+    const int count = total - i0 < L ? total - i0 : L;
+    const float* group[L];
+    bool finite[L];
+    for (int c = 0; c < L; ++c) {
+      const int i = i0 + (c < count ? c : 0);  // lanes past the batch repeat the first group
+      group[c] = x[i / NG] + (i % NG) * G;
+      finite[c] = true;
+      KVQ_UNROLL for (int v = 0; v < NV; ++v) finite[c] = V::all_finite(V::load(group[c] + L * v)) && finite[c];
+    }
+    // keys[e] lane c: the key of element e' of group c, for e' a permutation of e within
+    // each block of kLanes (the order in which a lane sees its keys does not matter).
+    alignas(64) Keys keys[G];
+    for (int v = 0; v < NV; ++v) {
+      Keys* block = keys + L * v;
+      KVQ_UNROLL for (int c = 0; c < L; ++c) {
+        std::memcpy(&block[c], group[c] + L * v, sizeof(Keys));
+        block[c] &= 0x7fffffff;
+      }
+      transpose_lanes<L>(block);
+    }
+    Keys rank_k;
+    if constexpr (m + 1 <= 16) {
+      Keys top[m + 1];
+      KVQ_UNROLL for (int j = 0; j <= m; ++j) top[j] = Keys{} - 1;  // below every key
+      for (int e = 0; e < G; ++e) {
+        Keys key = keys[e];
+        KVQ_UNROLL for (int j = 0; j <= m; ++j) {
+          const Keys larger = top[j] > key ? top[j] : key;
+          key = top[j] > key ? key : top[j];
+          top[j] = larger;
+        }
+      }
+      rank_k = top[m];
+    } else {
+      rank_k = Keys{};
+      for (int bit = 30; bit >= 0; --bit) {
+        const Keys candidate = rank_k | (1 << bit);
+        Keys at_or_above[4] = {};  // −1 per key ≥ candidate, four chains
+        KVQ_UNROLL for (int e = 0; e < G; ++e) at_or_above[e % 4] += keys[e] >= candidate;
+        rank_k = (at_or_above[0] + at_or_above[1]) + (at_or_above[2] + at_or_above[3]) < -m ? candidate : rank_k;
+      }
+    }
+    for (int c = 0; c < count; ++c) {
+      const float* xg = group[c];
+      float* dst = out[(i0 + c) / NG] + ((i0 + c) % NG) * G;
+      if (!finite[c]) {
+        std::memcpy(dst, xg, sizeof(float) * G);
         continue;
       }
-      walking[c] = true;
-      KVQ_UNROLL for (int v = 0; v < NV; ++v) {
-        std::memcpy(&key[c][v], xg + L * v, sizeof key[c][v]);
-        key[c][v] &= 0x7fffffff;
-      }
-    }
-    for (bool more = true; more;) {
-      more = false;
-      KVQ_UNROLL for (int c = 0; c < kInterleave; ++c) {
-        if (!walking[c]) continue;
-        // The largest key below threshold (independent selects, then a tree), then its ties.
-        Keys below[NV], ties[NV];
-        KVQ_UNROLL for (int v = 0; v < NV; ++v) below[v] = key[c][v] < threshold[c] ? key[c][v] : Keys{} - 1;
-        KVQ_UNROLL for (int w = 1; w < NV; w *= 2)
-          KVQ_UNROLL for (int v = 0; v + w < NV; v += 2 * w) below[v] = below[v] > below[v + w] ? below[v] : below[v + w];
-        const std::int32_t next = fold_lanes<L>(below[0], [](Keys a, Keys b) { return a > b ? a : b; });
-        KVQ_UNROLL for (int v = 0; v < NV; ++v) ties[v] = key[c][v] == next;  // −1 per tie
-        KVQ_UNROLL for (int w = 1; w < NV; w *= 2)
-          KVQ_UNROLL for (int v = 0; v + w < NV; v += 2 * w) ties[v] += ties[v + w];
-        at_or_above[c] -= fold_lanes<L>(ties[0], [](Keys a, Keys b) { return a + b; });
-        threshold[c] = next;
-        walking[c] = at_or_above[c] <= m;
-        more = more || walking[c];
-      }
-    }
-    KVQ_UNROLL for (int c = 0; c < kInterleave; ++c) {
-      const int i = i0 + c;
-      if (i >= total || at_or_above[c] == 0) continue;  // past the batch, or copied unclipped
-      const float* xg = x[i / NG] + (i % NG) * G;
-      float* dst = out[i / NG] + (i % NG) * G;
-      float t = bits_float(std::uint32_t(threshold[c]));
-      if (threshold[c] == 0)
+      float t = bits_float(std::uint32_t(rank_k[c]));
+      if (rank_k[c] == 0)
         for (int e = 0, zeros = 0; e < G; ++e)
           if (xg[e] == 0.f && zeros++ == k) {
             t = xg[e];  // ±0: the scalar's x < 0 ? −x : x keeps it

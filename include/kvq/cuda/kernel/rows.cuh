@@ -3,8 +3,8 @@
 //
 // Bit-exactness: rows are converted with kvq::to_float, transformed by the warp
 // functions of kvq/cuda/warp/rotate.cuh (same operations and order as the host), and
-// quantized by kvq::quantize_group — the host-and-device function the CPU reference
-// runs — one lane per group, so codes and metadata equal kvq::append_kv's bit for bit.
+// quantized by the warp (quantize_row_warp: a group per segment of lanes) with the scalar
+// quantizer's operations, so codes and metadata equal kvq::append_kv's bit for bit.
 #pragma once
 
 #include <cstddef>
@@ -46,13 +46,111 @@ __device__ __forceinline__ void report(unsigned* flags, unsigned bits) {
   if (flags && bits && warp::lane_id() == 0) atomicOr(flags, bits);
 }
 
-// Quantizes the [D] fp32 shared row into one packed row + metadata, one lane per group.
+// Quantizes the [D] fp32 shared row into one packed row + metadata, bit for bit
+// kvq::quantize_group's result. Lane l holds the E = D/32 elements from l·E, so a group
+// is a segment of W = G/E consecutive lanes (G ≥ 16 ≥ E), and every step of the scalar
+// code runs across the segment:
+//   finite    a ballot; a non-finite group stores s = lo = NaN and codes 0
+//   clip      the rank-k |x| (k = clip_rank), walked down from the largest key
+//             |bits(x)|: each round the segment's largest key below the last one and
+//             its ties, until more than G−1−k keys lie at or above it (2 rounds for
+//             keys at OptR's 0.96 of 32, 11 for values at 0.92 of 128; the scalar
+//             ranks all pairs, G² compares in one lane). Key 0 is a zero, whose sign
+//             the scalar's index tie-break takes from the k-th zero of the group.
+//   range     the scalar fold a < b ? a : b keeps the later operand on a tie, an
+//             associative rule: the butterfly combines lower and upper lanes in that
+//             order, so even the sign of a zero extremum is the scalar's
+//   codes     the scalar's metadata and quantize_value per element, packed in the
+//             lane (two lanes per byte for 2-bit codes at D 64).
 template <QuantSpec S, int D>
 __device__ __forceinline__ void quantize_row_warp(const float* row, std::byte* codes, std::byte* meta) {
-  constexpr int G = S.group, NG = D / S.group;
-  auto* m = reinterpret_cast<meta_storage_t<S.meta>*>(meta);
-  auto* c = reinterpret_cast<std::uint8_t*>(codes);
-  for (int g = warp::lane_id(); g < NG; g += 32) quantize_group<S>(row + g * G, c + g * (G * S.bits / 8), m + 2 * g);
+  using Meta = MetaTraits<S.meta>;
+  constexpr int E = D / 32, G = S.group, W = G / E, kLevels = S.levels();
+  static_assert(G % E == 0 && W <= 32, "kvq: a group spans whole lanes of one warp");
+  const int lane = warp::lane_id(), first = lane * E;
+  const unsigned segment = (W == 32 ? KVQ_FULL_MASK : (1u << W) - 1u) << (lane / W * W);
+  float x[E];
+  bool lane_finite = true;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    x[e] = row[first + e];
+    lane_finite = lane_finite && is_finite_f(x[e]);
+  }
+  const bool finite = (__ballot_sync(KVQ_FULL_MASK, !lane_finite) & segment) == 0;
+
+  constexpr bool kClip = S.clips() && clip_rank(G, S.clip_permille) < G - 1;
+  if constexpr (kClip) {
+    constexpr int k = clip_rank(G, S.clip_permille), m = G - 1 - k;
+    int key[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) key[e] = __float_as_int(x[e]) & 0x7fffffff;
+    int threshold = 0x7fffffff, at_or_above = 0;
+    bool walking = finite;
+    while (__ballot_sync(KVQ_FULL_MASK, walking) != 0) {  // segments that are done idle along
+      int next = -1, ties = 0;
+#pragma unroll
+      for (int e = 0; e < E; ++e) next = key[e] < threshold && key[e] > next ? key[e] : next;
+#pragma unroll
+      for (int off = W / 2; off > 0; off >>= 1) {
+        const int other = __shfl_xor_sync(KVQ_FULL_MASK, next, off);
+        next = other > next ? other : next;
+      }
+#pragma unroll
+      for (int e = 0; e < E; ++e) ties += key[e] == next;
+#pragma unroll
+      for (int off = W / 2; off > 0; off >>= 1) ties += __shfl_xor_sync(KVQ_FULL_MASK, ties, off);
+      if (walking) {
+        threshold = next;
+        at_or_above += ties;
+        walking = at_or_above <= m;
+      }
+    }
+    float t = __int_as_float(threshold);
+    if (finite && threshold == 0) {
+      const float* group = row + first / G * G;
+      for (int e = 0, zeros = 0; e < G; ++e)
+        if (group[e] == 0.f && zeros++ == k) {
+          t = group[e];  // ±0: the scalar's x < 0 ? −x : x keeps it
+          break;
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = x[e] > t ? t : (x[e] < -t ? -t : x[e]);
+  }
+
+  float lo = x[0], hi = x[0];
+#pragma unroll
+  for (int e = 1; e < E; ++e) lo = fmin_f(lo, x[e]), hi = fmax_f(hi, x[e]);
+#pragma unroll
+  for (int off = 1; off < W; off <<= 1) {
+    const float other_lo = __shfl_xor_sync(KVQ_FULL_MASK, lo, off), other_hi = __shfl_xor_sync(KVQ_FULL_MASK, hi, off);
+    const bool upper = lane & off;
+    lo = upper ? fmin_f(other_lo, lo) : fmin_f(lo, other_lo);
+    hi = upper ? fmax_f(other_hi, hi) : fmax_f(hi, other_hi);
+  }
+  const float qnan = bits_float(0x7fc00000u);
+  const auto s_bits = Meta::encode(finite ? div_rn(fmax_f(sub_rn(hi, lo), 1e-8f), static_cast<float>(kLevels)) : qnan);
+  const auto lo_bits = Meta::encode(finite ? lo : qnan);
+  const float s_stored = Meta::decode(s_bits), lo_stored = Meta::decode(lo_bits);
+  const float inv = finite && s_stored != 0.f ? div_rn(1.f, s_stored) : 0.f;  // 0: codes 0, as the scalar's
+  unsigned long long packed = 0;
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (inv != 0.f) packed |= static_cast<unsigned long long>(quantize_value(x[e], lo_stored, inv, kLevels)) << (e * S.bits);
+  auto* out = reinterpret_cast<std::uint8_t*>(codes);
+  if constexpr (E * S.bits < 8) {  // 2-bit codes at D 64: lanes 2j and 2j+1 share a byte
+    static_assert(E * S.bits == 4);
+    const unsigned long long upper = __shfl_xor_sync(KVQ_FULL_MASK, packed, 1);
+    if (lane % 2 == 0) out[first * S.bits / 8] = static_cast<std::uint8_t>(packed | upper << 4);
+  } else {
+#pragma unroll
+    for (int b = 0; b < E * S.bits / 8; ++b) out[first * S.bits / 8 + b] = static_cast<std::uint8_t>(packed >> (8 * b));
+  }
+  if (lane % W == 0) {
+    auto* m = reinterpret_cast<meta_storage_t<S.meta>*>(meta) + 2 * (first / G);
+    m[0] = s_bits;
+    m[1] = lo_bits;
+  }
   __syncwarp();
 }
 
