@@ -57,8 +57,9 @@ KVQ_HOST_DEVICE constexpr int clip_rank(int group, int clip_permille) {
 }
 
 // The k-th smallest |x_i| (0-based). Rank counting with index tie-breaking: O(G²)
-// compares but no scratch memory, so it runs unchanged in a CUDA thread. Any
-// selection algorithm returns the same value; this one is deterministic everywhere.
+// compares but no scratch memory, the reference's plainest form. Any selection returns
+// the same value: the CPU SIMD append (cpu/quantize.hpp, clip_rows) and the CUDA warp
+// quantizer (cuda/kernel/rows.cuh) select it for many groups, or with many lanes, at once.
 KVQ_HOST_DEVICE float kth_smallest_abs(const float* x, int n, int k) {
   for (int i = 0; i < n; ++i) {
     const float ai = x[i] < 0.f ? -x[i] : x[i];
