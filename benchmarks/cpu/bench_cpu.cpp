@@ -278,23 +278,25 @@ void BM_Fwht(benchmark::State& state) {
 }
 
 // x ↦ x·R of the learned-rotation presets' append: the scalar reference (range 0) and
-// the vector path (range 1), the same bits.
+// the vector path for 1 or 4 rows per pass over R (range 1, 4), the same bits.
 template <int D>
 void BM_RotateDense(benchmark::State& state) {
-  const bool vector_path = state.range(0) != 0;
+  const int rows = int(state.range(0));
   const auto r = normal(std::size_t(D) * D, 6);
-  auto x = normal(D, 7);
+  auto x = normal(std::size_t(D) * (rows > 0 ? rows : 1), 7);
   std::vector<float> scratch(D);
+  float* row_ptrs[4];
+  for (int q = 0; q < rows; ++q) row_ptrs[q] = x.data() + std::size_t(q) * D;
   for (auto _ : state) {
-    if (vector_path) {
-      kvq::cpu::rotate_dense_fast<D>(x.data(), r.data(), scratch.data());
+    if (rows > 0) {
+      kvq::cpu::rotate_dense_rows_fast<D>(rows, row_ptrs, r.data());
     } else {
       kvq::rotate_dense<D>(x.data(), r.data(), scratch.data());
       std::copy(scratch.begin(), scratch.end(), x.begin());
     }
     benchmark::DoNotOptimize(x.data());
   }
-  state.counters["rows/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["rows/s"] = benchmark::Counter(rows > 0 ? rows : 1, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // {tokens, CacheState}
@@ -337,9 +339,9 @@ BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_HC.with_clip(960, 920)>)->Args({
 BENCHMARK(BM_Fwht<64>)->Arg(0)->Arg(1);
 BENCHMARK(BM_Fwht<128>)->Arg(0)->Arg(1);
 BENCHMARK(BM_Fwht<256>)->Arg(0)->Arg(1);
-BENCHMARK(BM_RotateDense<64>)->Arg(0)->Arg(1);
-BENCHMARK(BM_RotateDense<128>)->Arg(0)->Arg(1);
-BENCHMARK(BM_RotateDense<256>)->Arg(0)->Arg(1);
+BENCHMARK(BM_RotateDense<64>)->Arg(0)->Arg(1)->Arg(4);
+BENCHMARK(BM_RotateDense<128>)->Arg(0)->Arg(1)->Arg(4);
+BENCHMARK(BM_RotateDense<256>)->Arg(0)->Arg(1)->Arg(4);
 
 }  // namespace
 

@@ -413,33 +413,62 @@ KVQ_FORCE_INLINE void hadamard_forward_fast(float* x, std::uint32_t sign_seed) {
   center_hadamard_row_fast<D, true>(x, nullptr, sign_seed, x);
 }
 
-// x ← x·R in place (kvq::rotate_dense's bits): lane j sums the separately rounded
-// products x_i·R[i][j] over i ascending from +0, as the scalar loop does, for a block
-// of up to 8 vectors of outputs per pass over R.  R: [D, D] row-major; scratch: [D].
-template <int D>
-KVQ_FORCE_INLINE void rotate_dense_fast(float* x, const float* r, float* scratch) {
+namespace detail {
+
+// kRows rows x[q] ← x[q]·R in one pass over R (see rotate_dense_rows_fast).
+template <int D, int kRows>
+KVQ_FORCE_INLINE void rotate_dense_pass(float* const* x, const float* r) {
+  alignas(64) float out[kRows][D];
 #if KVQ_CPU_APPEND_SIMD
-  using V = detail::AppendSimd;
+  using V = AppendSimd;
   constexpr int L = V::kLanes;
   if constexpr (D % L == 0) {
-    constexpr int NV = D / L;
-    constexpr int kBlock = NV % 8 == 0 ? 8 : (NV % 4 == 0 ? 4 : (NV % 2 == 0 ? 2 : 1));
+    // kRows × kBlock accumulators + kBlock vectors of R + a broadcast stay in registers
+    // (up to 16 + 4 + 1 of AVX-512's 32, 8 + 2 + 1 of AVX2's 16; one row takes 8).
+    constexpr int NV = D / L, kWant = kRows == 1 ? 8 : (L == 16 ? 4 : 2);
+    constexpr int kBlock = NV % kWant == 0 ? kWant : (NV % 4 == 0 && kWant > 4 ? 4 : (NV % 2 == 0 ? 2 : 1));
     for (int j0 = 0; j0 < D; j0 += kBlock * L) {
-      typename V::F acc[kBlock];
-      KVQ_UNROLL for (int b = 0; b < kBlock; ++b) acc[b] = V::set1(0.f);
+      typename V::F acc[kRows][kBlock];
+      KVQ_UNROLL for (int q = 0; q < kRows; ++q)
+        KVQ_UNROLL for (int b = 0; b < kBlock; ++b) acc[q][b] = V::set1(0.f);
       for (int i = 0; i < D; ++i) {
-        const typename V::F xi = V::set1(x[i]);
         const float* row = r + i * D + j0;
-        KVQ_UNROLL for (int b = 0; b < kBlock; ++b) acc[b] = V::add(acc[b], V::mul(xi, V::load(row + b * L)));
+        typename V::F rv[kBlock];
+        KVQ_UNROLL for (int b = 0; b < kBlock; ++b) rv[b] = V::load(row + b * L);
+        KVQ_UNROLL for (int q = 0; q < kRows; ++q) {
+          const typename V::F xi = V::set1(x[q][i]);
+          KVQ_UNROLL for (int b = 0; b < kBlock; ++b) acc[q][b] = V::add(acc[q][b], V::mul(xi, rv[b]));
+        }
       }
-      KVQ_UNROLL for (int b = 0; b < kBlock; ++b) V::store(scratch + j0 + b * L, acc[b]);
+      KVQ_UNROLL for (int q = 0; q < kRows; ++q)
+        KVQ_UNROLL for (int b = 0; b < kBlock; ++b) V::store(out[q] + j0 + b * L, acc[q][b]);
     }
-    for (int i = 0; i < D; ++i) x[i] = scratch[i];
+    for (int q = 0; q < kRows; ++q) std::memcpy(x[q], out[q], sizeof out[q]);
     return;
   }
 #endif
-  rotate_dense<D>(x, r, scratch);
-  for (int i = 0; i < D; ++i) x[i] = scratch[i];
+  for (int q = 0; q < kRows; ++q) {
+    rotate_dense<D>(x[q], r, out[q]);
+    std::memcpy(x[q], out[q], sizeof out[q]);
+  }
+}
+
+}  // namespace detail
+
+// Rows x[0..n) ← x·R in place (kvq::rotate_dense's bits): lane j of an accumulator sums
+// the separately rounded products x_i·R[i][j] over i ascending from +0, as the scalar
+// loop does. One pass over R serves up to 4 rows: R (64 KiB at d 128) does not fit L1,
+// so reading it once per row set the speed of a row at a time.
+//   x[q] : [D];  R : [D, D] row-major
+template <int D>
+KVQ_FORCE_INLINE void rotate_dense_rows_fast(int n, float* const* x, const float* r) {
+  for (int q = 0; q < n; q += 4) {
+    const int rows = n - q < 4 ? n - q : 4;
+    if (rows == 4) detail::rotate_dense_pass<D, 4>(x + q, r);
+    else if (rows == 3) detail::rotate_dense_pass<D, 3>(x + q, r);
+    else if (rows == 2) detail::rotate_dense_pass<D, 2>(x + q, r);
+    else detail::rotate_dense_pass<D, 1>(x + q, r);
+  }
 }
 
 #if KVQ_CPU_APPEND_SIMD
@@ -691,14 +720,23 @@ KVQ_FORCE_INLINE void quantize_token_heads_fast(int n, const T* const* k, const 
                                                 std::byte* const* pages, const RotationParams& r,
                                                 const PageLayout<P>& layout) {
   constexpr int D = P.head_dim;
-  auto transform = [&]<QuantSpec S>(const T* src, float* x, int h, const float* mean, const float* rotation) {
+  // Centering and the FWHT per row; a learned rotation per KV head afterwards, for all
+  // the batch's rows of that head in passes over its R.
+  auto transform = [&]<QuantSpec S>(const T* src, float* x, int h, const float* mean) {
     const float* mean_h = S.centered ? mean + h * D : nullptr;
+    center_hadamard_row_fast<D, S.rotation == Rotation::hadamard>(src, mean_h, S.sign_seed, x);
+  };
+  auto rotate_by_head = [&]<QuantSpec S>(float* const* rows, const float* rotation) {
     if constexpr (S.rotation == Rotation::dense) {
-      float scratch[D];
-      center_hadamard_row_fast<D, false>(src, mean_h, 0, x);
-      rotate_dense_fast<D>(x, kvq::detail::head_rotation<S, D>(rotation, h), scratch);
-    } else {
-      center_hadamard_row_fast<D, S.rotation == Rotation::hadamard>(src, mean_h, S.sign_seed, x);
+      bool done[kMaxRows] = {};
+      for (int j = 0; j < n; ++j) {
+        if (done[j]) continue;
+        float* same_head[kMaxRows];
+        int count = 0;
+        for (int i = j; i < n; ++i)
+          if (!done[i] && heads[i] == heads[j]) same_head[count++] = rows[i], done[i] = true;
+        rotate_dense_rows_fast<D>(count, same_head, kvq::detail::head_rotation<S, D>(rotation, heads[j]));
+      }
     }
   };
   std::uint8_t* k_codes[kMaxRows];
@@ -706,13 +744,15 @@ KVQ_FORCE_INLINE void quantize_token_heads_fast(int n, const T* const* k, const 
   meta_storage_t<P.key.meta>* k_meta[kMaxRows];
   meta_storage_t<P.value.meta>* v_meta[kMaxRows];
   for (int j = 0; j < n; ++j) {
-    transform.template operator()<P.key>(k[j], k_rows[j], heads[j], r.key_mean, r.key_rotation);
-    transform.template operator()<P.value>(v[j], v_rows[j], heads[j], r.value_mean, r.value_rotation);
+    transform.template operator()<P.key>(k[j], k_rows[j], heads[j], r.key_mean);
+    transform.template operator()<P.value>(v[j], v_rows[j], heads[j], r.value_mean);
     k_codes[j] = reinterpret_cast<std::uint8_t*>(layout.key_codes(pages[j], heads[j], slots[j]));
     v_codes[j] = reinterpret_cast<std::uint8_t*>(layout.value_codes(pages[j], heads[j], slots[j]));
     k_meta[j] = reinterpret_cast<meta_storage_t<P.key.meta>*>(layout.key_meta_bytes(pages[j], heads[j], slots[j]));
     v_meta[j] = reinterpret_cast<meta_storage_t<P.value.meta>*>(layout.value_meta_bytes(pages[j], heads[j], slots[j]));
   }
+  rotate_by_head.template operator()<P.key>(k_rows, r.key_rotation);
+  rotate_by_head.template operator()<P.value>(v_rows, r.value_rotation);
   quantize_rows_fast<P.key, D, kMaxRows>(n, k_rows, k_codes, k_meta);
   quantize_rows_fast<P.value, D, kMaxRows>(n, v_rows, v_codes, v_meta);
 }
