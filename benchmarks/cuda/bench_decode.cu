@@ -18,6 +18,7 @@
 
 #include <cstdio>
 #include <numeric>
+#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -231,7 +232,12 @@ void BM_Append(benchmark::State& state) {
   std::iota(b.begin(), b.end(), 0);
   cudaMemcpy(bi, b.data(), tokens * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(pos, p.data(), tokens * 4, cudaMemcpyHostToDevice);
-  BENCH_CUDA(cudaMemset(rows, 0x3C, std::size_t(tokens) * kHkv * kD * sizeof(T)));
+  // Random rows: constant ones would make every group constant (one clip round, codes 0).
+  std::vector<T> host_rows(std::size_t(tokens) * kHkv * kD);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (auto& x : host_rows) x = T(normal(rng));
+  BENCH_CUDA(cudaMemcpy(rows, host_rows.data(), host_rows.size() * sizeof(T), cudaMemcpyHostToDevice));
   cuda::AppendArgs<P, T> a;
   a.cache = {pool, tab.num_pages, layout};
   a.table = tab.view;
