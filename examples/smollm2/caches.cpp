@@ -12,12 +12,14 @@ namespace smollm2 {
 namespace {
 
 // Variants measured in examples/smollm2/README.md ("Value clipping and retrieval", "It is
-// the value clipping alone"); spelled as kvq::parse_policy reads them.
+// the value clipping alone", "K4V2_R: values clipped alone"); spelled as kvq::parse_policy
+// reads them.
 constexpr kvq::presets::NamedPolicy kVariants[] = {
     {"K2V2_R:vclip=1000", kvq::presets::K2V2_R.with_clip(960, 1000)},
     {"K4V2_HC:kclip=960:vclip=920", kvq::presets::K4V2_HC.with_clip(960, 920)},
     {"K4V2_HC:vclip=920", kvq::presets::K4V2_HC.with_clip(1000, 920)},
     {"K2V2_HC:vclip=920", kvq::presets::K2V2_HC.with_clip(1000, 920)},
+    {"K4V2_R:kclip=960", kvq::presets::K4V2_R.with_clip(960, 920)},  // K4V2_R until 2026-12-04
 };
 
 constexpr auto kInstantiated = [] {
