@@ -15,6 +15,11 @@
 
 namespace kvq::test {
 
+// A group quantizer spec without rotation or centering, for the quantizer tests.
+constexpr QuantSpec spec(int bits, int group, MetaType meta = MetaType::fp16, int clip = 1000) {
+  return QuantSpec{bits, group, Rotation::none, false, clip, meta, 0};
+}
+
 // Rows of D floats: random normals at several scales, then adversarial patterns.
 template <int D>
 std::vector<std::vector<float>> test_rows(std::uint32_t seed) {

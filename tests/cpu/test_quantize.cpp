@@ -80,9 +80,7 @@ void check_quantize_row() {
   }
 }
 
-constexpr kvq::QuantSpec spec(int bits, int group, kvq::MetaType meta = kvq::MetaType::fp16, int clip = 1000) {
-  return kvq::QuantSpec{bits, group, kvq::Rotation::none, false, clip, meta, 0};
-}
+using kvq::test::spec;
 
 TEST(CpuQuantize, GroupQuantizerIsBitIdenticalToTheScalarOne) {
   using enum kvq::MetaType;

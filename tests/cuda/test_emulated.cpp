@@ -466,10 +466,6 @@ void check_warp_quantizer() {
   }
 }
 
-constexpr QuantSpec spec(int bits, int group, MetaType meta = MetaType::fp16, int clip = 1000) {
-  return QuantSpec{bits, group, Rotation::none, false, clip, meta, 0};
-}
-
 TEST(CudaEmulated, WarpQuantizerIsBitIdenticalToTheScalarOne) {
   using enum MetaType;
   // Segments of 8 and 32 lanes at D 128 (4 elements a lane), 2-bit codes shared by two
