@@ -103,24 +103,6 @@ timeout 150 "$stage/test_cuda_kernels" --gtest_brief=1 2>&1 | tee "$out/tests.lo
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 if grep -q "no CUDA device found" "$out/tests.log"; then echo "!! device tests skipped: no CUDA device found"; status=1; fi
 
-# compute-sanitizer on the tests of one policy per kernel (both decode kernels, split-KV,
-# append, dense pages, merge, NaN rows); racecheck on the kernels that share memory.
-memcheck_set='CudaAppend.K4V2_d128_half:CudaDecode.K4V2_d128_half:CudaDecodeTensorCore.K4V2_d128_half:CudaDenseDecode.dense_d128_half:CudaDenseDecodeTensorCore.dense_d128_half:CudaMergeStates.dense_d128_half:CudaDecode.NaN*'
-racecheck_set='CudaDecode.K4V2_d128_half:CudaDecodeTensorCore.K4V2_d128_half:CudaDenseDecodeTensorCore.dense_d128_half'
-if command -v compute-sanitizer > /dev/null; then
-  for tool in memcheck racecheck; do
-    set_var=${tool}_set
-    echo "== compute-sanitizer --tool $tool (${!set_var})"
-    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 3 "$stage/test_cuda_kernels" --gtest_brief=1 \
-      --gtest_filter="${!set_var}" > "$out/$tool.log" 2>&1
-    rc=$?
-    tail -4 "$out/$tool.log"
-    case $rc in 0) echo "$tool: clean";; 124) echo "!! $tool: timed out"; status=1;; *) echo "!! $tool: FAILED ($rc)"; status=1;; esac
-  done
-else
-  echo "!! compute-sanitizer not found"; status=1
-fi
-
 echo "== benchmarks"
 timeout 150 "$stage/bench_cuda_decode" --benchmark_min_time=0.05 --benchmark_counters_tabular=true \
   --benchmark_out="$out/bench.json" --benchmark_out_format=json > "$out/bench.txt" 2>&1
@@ -137,7 +119,7 @@ fi
 if command -v ncu > /dev/null; then
   for bench in 'BM_DecodeTC/K4V2_d128_half' 'BM_DecodeFP16TC'; do
     echo "== Nsight Compute: $bench at 16 x 32K (one decode launch after warm-up)"
-    timeout 60 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats --launch-skip 2 \
+    timeout 60 ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats --launch-skip 2 \
       --launch-count 1 -k regex:decode "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
       --benchmark_filter="$bench/batch:16/ctx:32768" > "$out/ncu_${bench//\//_}.txt" 2>&1 ||
       echo "!! ncu failed or timed out"
@@ -146,6 +128,7 @@ if command -v ncu > /dev/null; then
   done
 fi
 
+summary() {
 echo "== summary (one run: compare the ratios inside it, not absolutes across runs)"
 if command -v python3 > /dev/null && [ -s "$out/bench.json" ]; then
   python3 - "$out/bench.json" "$out/peer.json" << 'PY'
@@ -189,5 +172,27 @@ PY
 else
   echo "(python3 missing or no benchmark JSON; raw output in $out/bench.txt)"
 fi
+}
+summary | tee "$out/summary.txt"
+
+# compute-sanitizer on the tests of one policy per kernel (both decode kernels, split-KV,
+# append, dense pages, merge, NaN rows); racecheck on the kernels that share memory.
+memcheck_set='CudaAppend.K4V2_d128_half:CudaDecode.K4V2_d128_half:CudaDecodeTensorCore.K4V2_d128_half:CudaDenseDecode.dense_d128_half:CudaDenseDecodeTensorCore.dense_d128_half:CudaMergeStates.dense_d128_half:CudaDecode.NaN*'
+racecheck_set='CudaDecode.K4V2_d128_half:CudaDecodeTensorCore.K4V2_d128_half:CudaDenseDecodeTensorCore.dense_d128_half'
+if command -v compute-sanitizer > /dev/null; then
+  for tool in memcheck racecheck; do
+    set_var=${tool}_set
+    echo "== compute-sanitizer --tool $tool (${!set_var})"
+    timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 3 "$stage/test_cuda_kernels" --gtest_brief=1 \
+      --gtest_filter="${!set_var}" > "$out/$tool.log" 2>&1
+    rc=$?
+    tail -4 "$out/$tool.log"
+    case $rc in 0) echo "$tool: clean";; 124) echo "!! $tool: timed out"; status=1;; *) echo "!! $tool: FAILED ($rc)"; status=1;; esac
+  done
+else
+  echo "!! compute-sanitizer not found"; status=1
+fi
+
+cat "$out/summary.txt"
 echo "gpu_check: tests $([ $status -eq 0 ] && echo PASSED || echo FAILED)"
 exit $status

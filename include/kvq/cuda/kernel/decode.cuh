@@ -383,6 +383,22 @@ __device__ __forceinline__ void stage_run(std::byte* dst, int n, const std::byte
     constexpr int Chunk = L != StageLayout::linear ? 16 : (RowBytes % 16 == 0 ? 16 : (RowBytes % 8 == 0 ? 8 : 4));
     constexpr int CPT = RowBytes / Chunk;
     const int lane = warp::lane_id();
+    constexpr int kTileItems = kWarpTokens * CPT;
+    if (n == kWarpTokens && src) {
+      // A whole tile (the common case): unrolled, every chunk at a fixed offset from the
+      // lane's first, no loop bounds to test.
+#pragma unroll
+      for (int i = 0; i < (kTileItems + 31) / 32; ++i) {
+        const int idx = lane + 32 * i;
+        if (kTileItems % 32 != 0 && idx >= kTileItems) break;
+        const int t = idx / CPT, c = idx % CPT;
+        std::byte* d = L == StageLayout::transposed ? dst + (std::size_t(c) * 32 + t) * 16
+                       : L == StageLayout::swizzled ? dst + std::size_t(t) * RowBytes + (c ^ (t & 7)) * Chunk
+                                                    : dst + std::size_t(idx) * Chunk;
+        warp::copy_async<Chunk>(d, src + std::size_t(idx) * Chunk);
+      }
+      return;
+    }
     const int copied = src ? n * CPT : 0, items = kZeroMissing ? kWarpTokens * CPT : copied;
     for (int idx = lane; idx < items; idx += 32) {
       const int t = idx / CPT, c = idx % CPT;
@@ -412,6 +428,8 @@ struct RowTile {
   int r0 = 0, rows = 0;   // first row of the tile, valid rows (0: nothing to do)
   int len = 0;            // keys of the sequence
   int offset = 0;         // query token i sees keys [0, i + offset]
+  const std::int32_t* pages = nullptr;  // the sequence's page indices
+  int page_shift = -1;                  // log2(page_size) when a power of two, else -1
 };
 
 template <class KP>
@@ -428,6 +446,10 @@ __device__ __forceinline__ RowTile row_tile(const KP& a, int R) {
   t.rows = rows_total - t.r0 < R ? rows_total - t.r0 : R;
   if (t.rows < 0) t.rows = 0;
   t.len = a.table.seq_len(t.b);
+  t.pages = a.table.indices + a.table.indptr[t.b];
+  const int ps = a.table.page_size;
+  if (ps > 0 && (ps & (ps - 1)) == 0)
+    for (t.page_shift = 0; (1 << t.page_shift) < ps;) ++t.page_shift;
   t.offset = a.p.causal_offset ? a.p.causal_offset[t.b] : t.len - nq;
   return t;
 }
@@ -502,8 +524,9 @@ __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S,
   const int h = t.h;
   if (a.table.page_size % kWarpTokens == 0) {
     // Tiles start at multiples of 32 (split_chunk): the whole tile is one page's run.
-    const int pg = a.table.indices[a.table.indptr[t.b] + t0 / a.table.page_size];
-    const int slot = t0 % a.table.page_size;
+    const int pi = t.page_shift >= 0 ? t0 >> t.page_shift : t0 / a.table.page_size;
+    const int pg = t.pages[pi];
+    const int slot = t0 - pi * a.table.page_size;
     const bool ok = pg >= 0 && pg < a.src.num_pages;
     if (!ok && lane == 0 && a.error_flags) atomicOr(a.error_flags, static_cast<unsigned>(kBadPage));
     stage_run<Src::kcb, KL>(st + S.kc_off(), n, ok ? a.src.k_codes(pg, h, slot) : nullptr);
@@ -515,7 +538,7 @@ __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S,
   int my_page = -1, my_slot = 0;
   if (lane < n) {
     const int tok = t0 + lane;
-    const int pg = a.table.indices[a.table.indptr[t.b] + tok / a.table.page_size];
+    const int pg = t.pages[tok / a.table.page_size];
     if (pg >= 0 && pg < a.src.num_pages) {
       my_page = pg;
       my_slot = tok % a.table.page_size;

@@ -91,7 +91,7 @@ __device__ __forceinline__ unsigned code_pair(unsigned w, unsigned w6, int j) {
   constexpr unsigned mask = (1u << Bits) - 1u;
   const int e = code_exp<Bits>(j);
   const unsigned src = j * Bits + Bits <= 10 ? w : w6;
-  return warp::unbias_half2((src & ((mask << e) * 0x00010001u)) | 0x64006400u);
+  return warp::unbias_half2(warp::and_or(src, (mask << e) * 0x00010001u, 0x64006400u));
 }
 
 // A lane's run of one key group of one token: RunBits = group·Bits/4 bits (16 or a
@@ -204,7 +204,7 @@ struct MmaOps<QuantSource<P>> {
   }
 
   // s += Σ_groups s_g·(C_g·Q'_gᵀ)·qup + lo_g·Σq'_g for m-tile `mt`;
-  // qf_s: Q' fragments [KS][Splits][32] uint2; qsum: Σq'_g of rows 2t, 2t+1.
+  // qf_s: Q' fragments [KS][Splits][32] uint2; qsum: Σq'_g/qup of rows 2t, 2t+1.
   template <int Splits>
   __device__ static void logits(const std::byte* kc, const std::byte* km, int mt, const uint2* qf_s,
                                 const float (&qsum)[2][NK], float qup, float (&s)[4]) {
@@ -231,11 +231,13 @@ struct MmaOps<QuantSource<P>> {
       }
       const float sa = meta_fast<P.key.meta>(ma[2 * grp]), la = meta_fast<P.key.meta>(ma[2 * grp + 1]);
       const float sb = meta_fast<P.key.meta>(mb[2 * grp]), lb = meta_fast<P.key.meta>(mb[2 * grp + 1]);
-      s[0] = fmaf(sa, acc[0] * qup, fmaf(la, qsum[0][grp], s[0]));
-      s[1] = fmaf(sa, acc[1] * qup, fmaf(la, qsum[1][grp], s[1]));
-      s[2] = fmaf(sb, acc[2] * qup, fmaf(lb, qsum[0][grp], s[2]));
-      s[3] = fmaf(sb, acc[3] * qup, fmaf(lb, qsum[1][grp], s[3]));
+      s[0] = fmaf(sa, acc[0], fmaf(la, qsum[0][grp], s[0]));
+      s[1] = fmaf(sa, acc[1], fmaf(la, qsum[1][grp], s[1]));
+      s[2] = fmaf(sb, acc[2], fmaf(lb, qsum[0][grp], s[2]));
+      s[3] = fmaf(sb, acc[3], fmaf(lb, qsum[1][grp], s[3]));
     }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) s[k] *= qup;  // a power of two: the same roundings as scaling each term
   }
 
   // Oᵀ += C_vᵀ·(P ⊙ s_v·xscale)ᵀ, olo += P·lo_v, for m-tile `mt`.
@@ -437,7 +439,8 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
   const int lim[2] = {limit_s[2 * t], limit_s[2 * t + 1]};
   float qsum[2][NK];
 #pragma unroll
-  for (int k = 0; k < NK; ++k) qsum[0][k] = qsum_s[(2 * t) * NK + k], qsum[1][k] = qsum_s[(2 * t + 1) * NK + k];
+  for (int k = 0; k < NK; ++k)
+    qsum[0][k] = ldexpf(qsum_s[(2 * t) * NK + k], -qexp), qsum[1][k] = ldexpf(qsum_s[(2 * t + 1) * NK + k], -qexp);
 
   float o[D / 16][4];  // Oᵀ fragments, units of 2^-pexp
   float olo[2][NV];
