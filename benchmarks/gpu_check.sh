@@ -116,15 +116,21 @@ else
   echo "!! no torch_sdpa_peer.py in the stage"
 fi
 
+# Why warps wait (per issued instruction), beside the sections.
+stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' long_scoreboard short_scoreboard \
+  mio_throttle math_pipe_throttle wait barrier not_selected dispatch_stall lg_throttle no_instruction membar \
+  branch_resolving drain imc_miss sleeping tex_throttle misc selected)
+stalls=${stalls%,}
 if command -v ncu > /dev/null; then
   for bench in 'BM_DecodeTC/K4V2_d128_half' 'BM_DecodeFP16TC'; do
     echo "== Nsight Compute: $bench at 16 x 32K (one decode launch after warm-up)"
-    timeout 60 ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats --launch-skip 2 \
+    timeout 60 ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --metrics "$stalls" --launch-skip 2 \
       --launch-count 1 -k regex:decode "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
       --benchmark_filter="$bench/batch:16/ctx:32768" > "$out/ncu_${bench//\//_}.txt" 2>&1 ||
       echo "!! ncu failed or timed out"
-    grep -E "decode|Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Occupancy|Warp Cycles Per Issued" \
-      "$out/ncu_${bench//\//_}.txt" | head -14
+    grep -E "decode|Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|stalled" \
+      "$out/ncu_${bench//\//_}.txt" | head -32
   done
 fi
 
@@ -165,9 +171,16 @@ for (batch, ctx), rows in shapes.items():
         ratio = f"{t / us:9.2f}" if t else f"{'-':>9}"
         print(f"  {kind:<16}{us:10.1f}{b['GB/s']:9.0f}{100 * b['GB/s'] / copy:6.0f}%{ratio}{int(b.get('splits', 0)):7d}")
 print()
+times = {b["name"].replace("/manual_time", ""): b["real_time"] for b in runs}
 for b in runs:
     if b["name"].startswith("BM_Append"):
-        print(f"{b['name'].replace('/manual_time', ''):<40} {b['real_time']:9.1f} us  {b['Mtok/s']:8.2f} Mtok/s")
+        name = b["name"].replace("/manual_time", "")
+        line = f"{name:<40} {b['real_time']:9.1f} us  {b['Mtok/s']:8.2f} Mtok/s"
+        m = re.match(r"BM_Append/(\w+)/tokens:64$", name)
+        step = times.get(f"BM_DecodeTC/{m.group(1)}/batch:64/ctx:4096") if m else None
+        if step:  # one decode step of 64 sequences appends 64 tokens
+            line += f"   {100 * b['real_time'] / step:5.1f}% of the 64 x 4K TC decode step"
+        print(line)
 PY
 else
   echo "(python3 missing or no benchmark JSON; raw output in $out/bench.txt)"

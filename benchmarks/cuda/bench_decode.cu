@@ -9,13 +9,14 @@
 //                     (16-bit pages: the bytes of a BF16 cache), both kernels
 //   BM_DecodeBF16<K>  the same on a bf16 cache with bf16 queries and outputs, both kernels
 //   BM_Append<P>      fused quantize-append of one decode step (batch tokens) and of a
-//                     prefill chunk; tokens/s
+//                     prefill chunk; tokens/s, device time from a replayed CUDA graph
 // Shapes: Llama-3-8B-like layer, Hkv = 8, Hq = 32 (GQA 4), head_dim 128, page 64;
-// batch × context from 1×4K to 64×32K. Cache contents are a constant byte pattern
-// (timing does not depend on values; finite scales keep the fast path).
+// batch × context from 1×4K to 64×32K. Caches hold random codes and metadata (or random
+// fp16/bf16 rows), one random page repeated over the pool; queries are random.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -114,6 +115,41 @@ void time_loop(benchmark::State& state, F&& launch, int reps = 5) {
   if (e != cudaSuccess) state.SkipWithError(cudaGetErrorString(e));
 }
 
+// Times `launch(stream)` replayed from a CUDA graph of `reps` launches: the device time of
+// a small kernel without the host's launch cost (an engine captures its decode step in a
+// graph; host-launched, a 64-token append measures the launch rate, not the kernel).
+template <class F>
+void time_graph(benchmark::State& state, F&& launch, int reps = 20) {
+  cudaStream_t stream;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int r = 0; r < reps; ++r) launch(stream);
+  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (int i = 0; i < 2; ++i) cudaGraphLaunch(exec, stream);  // warm-up
+  for (auto _ : state) {
+    cudaEventRecord(start, stream);
+    cudaGraphLaunch(exec, stream);
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    float ms = 0.f;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms / 1e3 / reps);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) state.SkipWithError(cudaGetErrorString(e));
+}
+
 void BM_Copy(benchmark::State& state) {
   const std::size_t bytes = std::size_t(state.range(0)) << 20;
   Dev dev;
@@ -127,6 +163,53 @@ void BM_Copy(benchmark::State& state) {
 }
 BENCHMARK(BM_Copy)->Arg(1024)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
+// Fills `num_pages` device pages with copies of one random page (doubling device copies).
+bool fill_pool(std::byte* pool, const std::vector<std::byte>& page, int num_pages) {
+  const std::size_t n = page.size();
+  if (cudaMemcpy(pool, page.data(), n, cudaMemcpyHostToDevice) != cudaSuccess) return false;
+  for (long long done = 1; done < num_pages;) {
+    const long long c = std::min<long long>(done, num_pages - done);
+    if (cudaMemcpy(pool + done * n, pool, c * n, cudaMemcpyDeviceToDevice) != cudaSuccess) return false;
+    done += c;
+  }
+  return true;
+}
+
+// One page of a quantized cache: random codes, scales in [0.02, 0.2), minima in [−2, −0.5).
+template <Policy P>
+std::vector<std::byte> random_page(const PageLayout<P>& layout) {
+  std::vector<std::byte> page(layout.page_bytes());
+  std::mt19937 rng(11);
+  for (auto& b : page) b = std::byte(rng() & 0xff);
+  std::uniform_real_distribution<float> scale(0.02f, 0.2f), lo(-2.f, -0.5f);
+  auto meta = [&]<QuantSpec S>(std::byte* bytes) {
+    auto* m = reinterpret_cast<meta_storage_t<S.meta>*>(bytes);
+    for (int g = 0; g < P.head_dim / S.group; ++g)
+      m[2 * g] = MetaTraits<S.meta>::encode(scale(rng)), m[2 * g + 1] = MetaTraits<S.meta>::encode(lo(rng));
+  };
+  for (int h = 0; h < layout.num_kv_heads; ++h)
+    for (int slot = 0; slot < layout.page_size; ++slot) {
+      meta.template operator()<P.key>(layout.key_meta_bytes(page.data(), h, slot));
+      meta.template operator()<P.value>(layout.value_meta_bytes(page.data(), h, slot));
+    }
+  return page;
+}
+
+// One page of a 16-bit cache: keys and values N(0, 1).
+template <ActivationType PT>
+std::vector<std::byte> random_page(const DensePageLayout<PT, kD>& layout) {
+  std::vector<std::byte> page(layout.page_bytes());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (int h = 0; h < layout.num_kv_heads; ++h)
+    for (int slot = 0; slot < layout.page_size; ++slot) {
+      PT* k = layout.key_row(page.data(), h, slot);
+      PT* v = layout.value_row(page.data(), h, slot);
+      for (int d = 0; d < kD; ++d) k[d] = PT(normal(rng)), v[d] = PT(normal(rng));
+    }
+  return page;
+}
+
 // Queries, outputs (of the arguments' activation type) and split workspace of one decode step.
 template <class Args>
 bool setup_decode(Dev& dev, Args& a, int batch, int ctx) {
@@ -139,7 +222,11 @@ bool setup_decode(Dev& dev, Args& a, int batch, int ctx) {
   auto* lse = dev.alloc<float>(std::size_t(batch) * kHq);
   if (!d_qi || !q || !out || !lse) return false;
   cudaMemcpy(d_qi, qi.data(), qi.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemset(q, 0x3C, std::size_t(batch) * kHq * kD * sizeof(QT));
+  std::vector<QT> host_q(std::size_t(batch) * kHq * kD);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (auto& x : host_q) x = QT(normal(rng));
+  if (cudaMemcpy(q, host_q.data(), host_q.size() * sizeof(QT), cudaMemcpyHostToDevice) != cudaSuccess) return false;
   a.params = {q, d_qi, kHq, nullptr, 0.f, false, out, lse};
   a.total_q = batch;
   a.max_q_per_seq = 1;
@@ -178,7 +265,7 @@ void BM_Decode(benchmark::State& state) {
   const PageLayout<P> layout{kPage, kHkv};
   auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
   if (!pool) return state.SkipWithError("cudaMalloc failed (pool)");
-  BENCH_CUDA(cudaMemset(pool, 0x3C, layout.page_bytes() * tab.num_pages));
+  if (!fill_pool(pool, random_page(layout), tab.num_pages)) return state.SkipWithError("pool fill failed");
   cuda::DecodeArgs<P, T, T> a;
   a.cache = {pool, tab.num_pages, layout};
   a.table = tab.view;
@@ -201,7 +288,7 @@ void BM_Decode16(benchmark::State& state) {
   const DensePageLayout<PT, kD> layout{kPage, kHkv};
   auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
   if (!pool) return state.SkipWithError("cudaMalloc failed (pool)");
-  BENCH_CUDA(cudaMemset(pool, 0x3C, layout.page_bytes() * tab.num_pages));
+  if (!fill_pool(pool, random_page(layout), tab.num_pages)) return state.SkipWithError("pool fill failed");
   cuda::DenseDecodeArgs<PT, kD, PT, PT> a;
   a.pool = pool;
   a.num_pages = tab.num_pages;
@@ -246,7 +333,7 @@ void BM_Append(benchmark::State& state) {
   a.batch_indices = bi;
   a.positions = pos;
   Status st;
-  time_loop(state, [&] { (void)(st = cuda::append_kv(a, nullptr)); });
+  time_graph(state, [&](cudaStream_t s) { (void)(st = cuda::append_kv(a, s)); });
   if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
   state.counters["Mtok/s"] = benchmark::Counter(tokens / 1e6, benchmark::Counter::kIsIterationInvariantRate);
 }

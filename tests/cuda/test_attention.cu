@@ -71,7 +71,7 @@ Queries queries_for(const DecodeCase& c) {
 }
 
 template <Policy P, ActivationType T>
-void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel kernel = cuda::DecodeKernel::automatic,
+void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel kernel = cuda::DecodeKernel::simt,
                   const NanTokens& nan = {}, int* nan_rows = nullptr,
                   cuda::DecodePrecision precision = cuda::DecodePrecision::exact) {
   constexpr int D = P.head_dim;
@@ -145,7 +145,7 @@ void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel ke
 
 template <ActivationType T, int D>
 void check_dense_decode(const DecodeCase& c, std::uint32_t seed,
-                        cuda::DecodeKernel kernel = cuda::DecodeKernel::automatic,
+                        cuda::DecodeKernel kernel = cuda::DecodeKernel::simt,
                         cuda::DecodePrecision precision = cuda::DecodePrecision::exact) {
   const RaggedTable tab = make_table(c.lens, c.page_size, seed);
   const DensePageLayout<T, D> layout{c.page_size, c.hkv};

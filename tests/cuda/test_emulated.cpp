@@ -94,7 +94,7 @@ void check_rows(int hkv, int page_size, const std::vector<int>& lens, std::uint3
   cuda::AppendArgs<P, T> a{{got.data(), tab.num_pages, layout}, tab.host(), keys.data(), values.data(), n,
                            tok.batch.data(), tok.pos.data(), rot.host(), &flags};
   ASSERT_TRUE(cuda::validate(a).ok());
-  emu_rows(&kern::append_kernel<cuda::AppendArgs<P, T>>, a, static_cast<long long>(n) * hkv);
+  emu_rows(&kern::append_kernel<cuda::AppendArgs<P, T>>, a, cuda::append_items(n, hkv));
   EXPECT_EQ(flags, 0u);
   const auto diff = std::mismatch(got.begin(), got.end(), ref.begin());
   EXPECT_TRUE(diff.first == got.end()) << "first differing byte " << (diff.first - got.begin()) << " of "
@@ -173,7 +173,7 @@ QueryRun queries(const Case& c) {
 // with the CPU reference within tol (plus output rounding), `fast` ones with fp64
 // attention in the stored basis within the bound of kernel/decode_mma.cuh.
 struct Run {
-  cuda::DecodeKernel kernel = cuda::DecodeKernel::automatic;
+  cuda::DecodeKernel kernel = cuda::DecodeKernel::simt;
   cuda::DecodePrecision precision = cuda::DecodePrecision::exact;
   double tol = 1e-5;
   NanTokens nan{};
@@ -498,7 +498,7 @@ TEST(CudaEmulated, AppendRejectsOutOfRange) {
   unsigned flags = 0;
   cuda::AppendArgs<P, half_t> a{{pool.data(), tab.num_pages, layout}, tab.host(), rows.data(), rows.data(), 4,
                                 b.data(), p.data(), rot.host(), &flags};
-  emu_rows(&kern::append_kernel<cuda::AppendArgs<P, half_t>>, a, 4 * 2);
+  emu_rows(&kern::append_kernel<cuda::AppendArgs<P, half_t>>, a, cuda::append_items(4, 2));
   EXPECT_EQ(flags, unsigned(cuda::kBadPosition | cuda::kBadBatchIndex));
   EXPECT_TRUE(std::all_of(pool.begin(), pool.end(), [](std::byte x) { return x == std::byte{0xA5}; }));
 }

@@ -105,8 +105,15 @@ TEST(CudaPlan, TensorCoreKernelChoice) {
   DecodePlan plan;
   DecodeShape s{/*batch*/ 2, /*hkv*/ 4, /*hq*/ 16, /*total_q*/ 2, /*max_q*/ 1, /*splits*/ 1, 128};
   ASSERT_TRUE(make_decode_plan(s, plan).ok());
-  EXPECT_EQ(plan.kernel, DecodeKernel::simt);  // automatic stays on the CUDA cores for now
+  EXPECT_EQ(plan.kernel, DecodeKernel::simt);  // automatic, and the cache type has no tensor-core kernel
   EXPECT_EQ(plan.rows, 4);
+  s.tensor_core_ok = true;
+  ASSERT_TRUE(make_decode_plan(s, plan).ok());
+  EXPECT_EQ(plan.kernel, DecodeKernel::tensor_core);  // automatic picks it where it exists
+  s.kernel = DecodeKernel::simt;
+  ASSERT_TRUE(make_decode_plan(s, plan).ok());
+  EXPECT_EQ(plan.kernel, DecodeKernel::simt);
+  s.tensor_core_ok = false;
   s.kernel = DecodeKernel::tensor_core;
   EXPECT_EQ(make_decode_plan(s, plan).code(), StatusCode::unsupported);  // cache type not served
   s.tensor_core_ok = true;
@@ -242,6 +249,10 @@ TEST(CudaValidate, Decode) {
   a.total_q = 2;
   a.max_q_per_seq = 1;
   DecodePlan plan;
+  EXPECT_TRUE(validate(a, plan).ok()) << validate(a, plan).to_string();
+  EXPECT_EQ(plan.kernel, DecodeKernel::tensor_core);  // automatic, and kP has a tensor-core kernel
+  EXPECT_EQ(plan.rows, kMmaRows);
+  a.kernel = DecodeKernel::simt;
   EXPECT_TRUE(validate(a, plan).ok()) << validate(a, plan).to_string();
   EXPECT_EQ(plan.rows, 4);
   EXPECT_EQ(decode_workspace_bytes(a), 0u);

@@ -557,7 +557,9 @@ __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S,
 // Joins the split partials of output row `item` (query row × Hq + query head) with one
 // warp: o = Σ_s e^{lse_s − M}·o_s / Σ_s e^{lse_s − M}, then R_Vᵀ and ν unless
 // rotated_output. The partials may come from other CTAs of the same launch: they are
-// read past L1 (ld.global.cg).
+// read past L1 (ld.global.cg). Splits are taken in order (the sums do not depend on the
+// unrolling); the loop has no branches, so the loads of several splits are in flight at
+// once (at 1×32K there are ~60 splits, and one L2 round trip per split cost ~30 µs).
 template <class KP>
 __device__ __forceinline__ void merge_split_row(const KP& a, std::size_t item, float* scratch) {
   using Src = typename KP::source_type;
@@ -574,14 +576,32 @@ __device__ __forceinline__ void merge_split_row(const KP& a, std::size_t item, f
   for (int k = 0; k < E; ++k) x[k] = 0.f;
   float L = 0.f;
   if (M != neg_inf_f()) {
-    for (int s = 0; s < a.num_splits; ++s) {
-      const float ls = __ldcg(a.partial_lse + s * rows + item);
-      if (ls == neg_inf_f()) continue;
-      const float wgt = expf(ls - M);
-      L += wgt;
-      const float* o = a.partial_o + (s * rows + item) * D + lane * E;
+    for (int s0 = 0; s0 < a.num_splits; s0 += 32) {
+      const int n = a.num_splits - s0 < 32 ? a.num_splits - s0 : 32;
+      const float lse_lane = lane < n ? __ldcg(a.partial_lse + (s0 + lane) * rows + item) : neg_inf_f();
+      [[maybe_unused]] constexpr int kInFlight = 16 / E;  // splits whose partial rows are loaded together
+#pragma unroll kInFlight
+      for (int k = 0; k < n; ++k) {
+        const float ls = __shfl_sync(KVQ_FULL_MASK, lse_lane, k);
+        const float* o = a.partial_o + ((s0 + k) * rows + item) * D + lane * E;
+        float ok[E];
+        if constexpr (E % 4 == 0) {
 #pragma unroll
-      for (int k = 0; k < E; ++k) x[k] = fmaf(wgt, __ldcg(o + k), x[k]);
+          for (int i = 0; i < E; i += 4) {
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(o + i));
+            ok[i] = v.x, ok[i + 1] = v.y, ok[i + 2] = v.z, ok[i + 3] = v.w;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < E; ++i) ok[i] = __ldcg(o + i);
+        }
+        // An empty split (lse −∞) adds nothing, whatever its partial holds.
+        const bool live = ls != neg_inf_f();
+        const float wgt = expf(ls - M);
+        L = live ? L + wgt : L;
+#pragma unroll
+        for (int i = 0; i < E; ++i) x[i] = live ? fmaf(wgt, ok[i], x[i]) : x[i];
+      }
     }
   }
   const bool empty = M == neg_inf_f() || L == 0.f;
@@ -647,7 +667,7 @@ __device__ __forceinline__ void write_rows(const KP& a, const RowTile& t, std::b
     for (int ww = 0; ww < NW; ++ww) {
       const float mw = m_m[ww * R + rr];
       if (mw == neg_inf_f()) continue;
-      const float sc = exp2f(mw - M);
+      const float sc = warp::exp2_weight(mw - M);
       L = fmaf(sc, l_m[ww * R + rr], L);
 #pragma unroll
       for (int k = 0; k < E; ++k) x[k] = fmaf(sc, acc_m[(ww * R + rr) * D + lane * E + k], x[k]);
@@ -743,8 +763,8 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
       const float m_new = warp::fmax_nan(m[r], warp::max_nan(logit[r]));
       float corr = 1.f, p = 0.f;
       if (m_new != neg_inf_f()) {
-        corr = exp2f(m[r] - m_new);
-        p = exp2f(logit[r] - m_new);
+        corr = warp::exp2_weight(m[r] - m_new);
+        p = warp::exp2_weight(logit[r] - m_new);
       }
       m[r] = m_new;
       l[r] = fmaf(l[r], corr, p);

@@ -51,6 +51,8 @@
 // Registers per lane: Oᵀ 4·D/16, Sᵀ 8, key-group accumulator 4, m/l 4, Σ p·lo 2·NV.
 #pragma once
 
+#include <utility>
+
 #include "kvq/cuda/kernel/decode.cuh"
 #include "kvq/cuda/traits/decode_smem.hpp"
 #include "kvq/cuda/traits/geometry.hpp"
@@ -86,12 +88,18 @@ template <int Bits>
 KVQ_HOST_DEVICE constexpr int code_exp(int j) {
   return j * Bits + Bits <= 10 ? j * Bits : j * Bits - 6;
 }
-template <int Bits>
-__device__ __forceinline__ unsigned code_pair(unsigned w, unsigned w6, int j) {
-  constexpr unsigned mask = (1u << Bits) - 1u;
-  const int e = code_exp<Bits>(j);
-  const unsigned src = j * Bits + Bits <= 10 ? w : w6;
-  return warp::unbias_half2(warp::and_or(src, (mask << e) * 0x00010001u, 0x64006400u));
+template <int Bits, int J>
+__device__ __forceinline__ unsigned code_pair(unsigned w, unsigned w6) {
+  constexpr unsigned kMask = (((1u << Bits) - 1u) << code_exp<Bits>(J)) * 0x00010001u;
+  return warp::unbias_half2(warp::and_or<kMask>(J * Bits + Bits <= 10 ? w : w6, 0x64006400u));
+}
+
+// f(std::integral_constant<int, i>) for i = 0 … N−1: code positions as template arguments
+// (read them as decltype(i)::value; the conversion operator is host-only).
+template <int N, class F>
+__device__ __forceinline__ void for_each_index(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(
+      std::make_integer_sequence<int, N>{});
 }
 
 // A lane's run of one key group of one token: RunBits = group·Bits/4 bits (16 or a
@@ -114,14 +122,15 @@ struct KeyRun {
     if constexpr (RunBits == 16) {
       // bytes (b0, b1) → halves (b0, b1): code j of each byte at bit j·Bits ≤ 6
       const unsigned x = warp::byte_perm(w[0], 0u, 0x4140u);
-#pragma unroll
-      for (int r = 0; r < kPairs; ++r) u[r] = code_pair<Bits>(x, x, r);
+      for_each_index<kPairs>([&](auto r) { u[decltype(r)::value] = code_pair<Bits, decltype(r)::value>(x, x); });
     } else {
 #pragma unroll
       for (int q = 0; q < RunBits / 32; ++q) {
         const unsigned w6 = w[q] >> 6;
-#pragma unroll
-        for (int j = 0; j < kPerWord; ++j) u[q * kPerWord + j] = code_pair<Bits>(w[q], w6, j);
+        for_each_index<kPerWord>([&](auto j) {
+          constexpr int J = decltype(j)::value;
+          u[q * kPerWord + J] = code_pair<Bits, J>(w[q], w6);
+        });
       }
     }
   }
@@ -146,8 +155,10 @@ struct ValueRun {
     for (int h = 0; h < RunBits / 16; ++h) {
       const int q = h / 2;
       const unsigned x = warp::byte_perm(wa[q], wb[q], h % 2 ? 0x7632u : 0x5410u), x6 = x >> 6;
-#pragma unroll
-      for (int j = 0; j < kPerHalf; ++j) u[h * kPerHalf + j] = code_pair<Bits>(x, x6, j);
+      for_each_index<kPerHalf>([&](auto j) {
+        constexpr int J = decltype(j)::value;
+        u[h * kPerHalf + J] = code_pair<Bits, J>(x, x6);
+      });
     }
   }
 };
@@ -359,6 +370,12 @@ struct MmaDecodeConfig {
                           : 2 * 2 * kTileBytes <= 65536 ? 2 : 1;
   static constexpr int NS = 3 * NW * kTileBytes <= 65536 ? 3 : 2;
   static constexpr int kMaxSplits = std::is_same_v<typename Ops::Operand, bfloat16_t> ? 3 : 2;
+  // 16 warps per SM (≤ 128 registers) for d ≤ 128: left to itself ptxas gave K4V2 `exact`
+  // 160 registers, 3 CTAs per SM, and 64 × 4K then ran in 1.3 waves. d 256, and 16-bit
+  // pages in `exact` (up to 3 MMAs per product), would spill under that cap.
+  static constexpr int min_ctas_per_sm(DecodePrecision p) {
+    return D <= 128 && (Src::kmb > 0 || p == DecodePrecision::fast) ? 16 / NW : 1;
+  }
   // Query fragments [KS][kMaxSplits][32 lanes] uint2, then the CTA's exponent of Q' (int).
   static constexpr std::size_t kFragBytes = std::size_t(KS) * kMaxSplits * 32 * 8 + 16;
   static constexpr DecodeSmem smem{std::size_t(Src::kcb), std::size_t(Src::kmb), std::size_t(Src::vcb),
@@ -379,7 +396,9 @@ __device__ __forceinline__ float sum_over_tokens(float x) {
 
 // KP = DecodeKernelParams<Src, QT, OT> with MmaOps<Src>::kOk.
 template <class KP, DecodePrecision kPrecision>
-__global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW * 32) decode_mma_kernel(KP a) {
+__global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW * 32,
+                                  MmaDecodeConfig<typename KP::source_type>::min_ctas_per_sm(kPrecision))
+    decode_mma_kernel(KP a) {
   using Src = typename KP::source_type;
   using Cfg = MmaDecodeConfig<Src>;
   using Ops = MmaOps<Src>;
@@ -499,9 +518,11 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
       }
     }
 
-    // The p·v operand's exponent: the largest value scale of the tile maps into
-    // [2^13, 2^14), so fp16 keeps its precision for small scales and cannot overflow for
-    // large ones (clamped to ±60 so that the rescale of O stays finite).
+    // The p·v operand's exponent: the largest value scale of the tile times 2^pexp stays
+    // in [2^11, 2^15), so fp16 keeps its precision for small scales and cannot overflow
+    // (p ≤ 1) for large ones. pexp only moves when the tile leaves that range, to
+    // 2^13 (clamped to ±60 so that the rescale of O stays finite): most tiles then
+    // rescale nothing.
     float xscale = ldexpf(1.f, pexp), rescale = 1.f;
     if constexpr (kQuant) {
       float smax = 0.f;
@@ -511,28 +532,34 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
         if ((vcur >> tok) & 1u) smax = fmaxf(smax, Ops::value_scale(vm, tok));
       }
       smax = warp::max(smax);
-      int e_new = smax > 0.f && smax <= 3.0e38f ? 13 - ilogbf(smax) : pexp;
-      e_new = e_new < -60 ? -60 : (e_new > 60 ? 60 : e_new);
-      rescale = ldexpf(1.f, e_new - pexp);
-      xscale = ldexpf(1.f, e_new);
-      pexp = e_new;
+      if (smax > 0.f && smax <= 3.0e38f) {
+        const int e = ilogbf(smax);
+        if (e + pexp < 11 || e + pexp > 14) {
+          int e_new = 13 - e;
+          e_new = e_new < -60 ? -60 : (e_new > 60 ? 60 : e_new);
+          rescale = ldexpf(1.f, e_new - pexp);
+          xscale = ldexpf(1.f, e_new);
+          pexp = e_new;
+        }
+      }
     }
 
     // Online softmax (log₂ domain) on rows 2t, 2t + 1; a row's 32 tokens live in the
     // lanes t, t + 4, …, t + 28.
+    float corr[2] = {1.f, 1.f};
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       float mx = warp::fmax_nan(warp::fmax_nan(s[0][j], s[0][j + 2]), warp::fmax_nan(s[1][j], s[1][j + 2]));
       mx = max_over_tokens(mx);
       const float m_new = warp::fmax_nan(m[j], mx);
-      float corr = 1.f, sum = 0.f;
+      float sum = 0.f;
       if (m_new != neg_inf_f()) {
-        corr = exp2f(m[j] - m_new);
+        corr[j] = warp::exp2_weight(m[j] - m_new);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int i = j; i < 4; i += 2) {
-            s[mt][i] = exp2f(s[mt][i] - m_new);
+            s[mt][i] = warp::exp2_weight(s[mt][i] - m_new);
             sum += s[mt][i];
           }
       } else {
@@ -540,12 +567,19 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
         for (int mt = 0; mt < 2; ++mt) s[mt][j] = s[mt][j + 2] = 0.f;
       }
       m[j] = m_new;
-      l[j] = fmaf(l[j], corr, sum);
-      const float oc = corr * rescale;
+      l[j] = fmaf(l[j], corr[j], sum);
+    }
+    // Rescale the state only when some row's maximum or pexp moved (a warp-uniform test:
+    // after the first tiles it rarely does).
+    if (__ballot_sync(KVQ_FULL_MASK, corr[0] * rescale != 1.f || corr[1] * rescale != 1.f)) {
 #pragma unroll
-      for (int md = 0; md < D / 16; ++md) o[md][j] *= oc, o[md][j + 2] *= oc;
+      for (int j = 0; j < 2; ++j) {
+        const float oc = corr[j] * rescale;
 #pragma unroll
-      for (int gv = 0; gv < NV; ++gv) olo[j][gv] *= corr;
+        for (int md = 0; md < D / 16; ++md) o[md][j] *= oc, o[md][j + 2] *= oc;
+#pragma unroll
+        for (int gv = 0; gv < NV; ++gv) olo[j][gv] *= corr[j];
+      }
     }
 
     // p·v.

@@ -163,9 +163,14 @@ __global__ void __launch_bounds__(kRowWarpsPerBlock * 32) append_kernel(Args a) 
   __shared__ float smem[kRowWarpsPerBlock][2][D];
   const int w = threadIdx.x / 32;
   const int hkv = a.cache.layout.num_kv_heads;
+  // Item (token i, head h, part): part 0 the key row, 1 the value row (append_items).
   const long long item = static_cast<long long>(blockIdx.x) * kRowWarpsPerBlock + w;
-  if (item >= static_cast<long long>(a.num_tokens) * hkv) return;
-  const int i = static_cast<int>(item / hkv), h = static_cast<int>(item % hkv);
+  if (item >= append_items(a.num_tokens, hkv)) return;
+  const bool value = item & 1;
+  const int i = static_cast<int>(item / 2 / hkv), h = static_cast<int>(item / 2 % hkv);
+  const std::size_t off = (std::size_t(i) * hkv + h) * D;
+  float x[E];
+  warp::load_row<D>((value ? a.values : a.keys) + off, x);  // in flight during the page lookup
   const SlotRef at = locate(a.table, a.cache.num_pages, a.batch_indices[i], a.positions[i]);
   if (at.error) {
     report(a.error_flags, at.error);
@@ -175,18 +180,15 @@ __global__ void __launch_bounds__(kRowWarpsPerBlock * 32) append_kernel(Args a) 
   const auto& L = a.cache.layout;
   float* row = smem[w][0];
   float* scratch = smem[w][1];
-  const std::size_t off = (std::size_t(i) * hkv + h) * D;
-  float x[E];
-
-  warp::load_row<D>(a.keys + off, x);
-  warp::transform_key<P>(x, h, a.rotation, scratch);
-  warp::to_shared<D>(row, x);
-  quantize_row_warp<P.key, D>(row, L.key_codes(page, h, at.slot), L.key_meta_bytes(page, h, at.slot));
-
-  warp::load_row<D>(a.values + off, x);
-  warp::transform_value<P>(x, h, a.rotation, scratch);
-  warp::to_shared<D>(row, x);
-  quantize_row_warp<P.value, D>(row, L.value_codes(page, h, at.slot), L.value_meta_bytes(page, h, at.slot));
+  if (!value) {
+    warp::transform_key<P>(x, h, a.rotation, scratch);
+    warp::to_shared<D>(row, x);
+    quantize_row_warp<P.key, D>(row, L.key_codes(page, h, at.slot), L.key_meta_bytes(page, h, at.slot));
+  } else {
+    warp::transform_value<P>(x, h, a.rotation, scratch);
+    warp::to_shared<D>(row, x);
+    quantize_row_warp<P.value, D>(row, L.value_codes(page, h, at.slot), L.value_meta_bytes(page, h, at.slot));
+  }
 }
 
 // x (fragment) ← dequantized packed row, exactly kvq::dequantize_row's values.

@@ -41,7 +41,10 @@ inline constexpr int choose_rows_per_cta(int head_dim, int group, int max_q_per_
 //                 (DecodePrecision, kernel/decode_mma.cuh); for quantized caches whose
 //                 groups give each lane ≥ 16 bits (every preset) and fp16/bf16 caches,
 //                 sm_80+ (kvq/cuda/traits/tensor_core.hpp)
-//   automatic   : simt, until the tensor-core kernel has been measured on hardware
+//   automatic   : tensor_core where the cache type has one, else simt. Measured on an H200
+//                 (benchmarks/gpu_check.sh, 2026-12-04): the tensor-core kernel was the faster
+//                 one at every shape from 1×4K to 64×32K, in both precisions and for fp16
+//                 and bf16 pages
 enum class DecodeKernel { automatic, simt, tensor_core };
 
 // Host-visible shape of a decode call.
@@ -92,7 +95,8 @@ inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
                 "decode plan: no tensor-core kernel for this cache (it serves quantized policies with "
                 "key group x bits >= 64 and value group x bits >= 128, and fp16/bf16 caches)");
   const int group = s.num_qo_heads / s.num_kv_heads;
-  plan.kernel = s.kernel == DecodeKernel::tensor_core ? DecodeKernel::tensor_core : DecodeKernel::simt;
+  const bool simt = s.kernel == DecodeKernel::simt || (s.kernel == DecodeKernel::automatic && !s.tensor_core_ok);
+  plan.kernel = simt ? DecodeKernel::simt : DecodeKernel::tensor_core;
   plan.rows = plan.kernel == DecodeKernel::tensor_core ? kMmaRows
                                                        : choose_rows_per_cta(s.head_dim, group, s.max_q_per_seq);
   plan.row_tiles = ceil_div(group * s.max_q_per_seq, plan.rows);

@@ -20,6 +20,13 @@ inline constexpr int kMmaRows = 8;
 // per row item.
 inline constexpr int kRowWarpsPerBlock = 4;
 
+// The append kernel's row items: one warp quantizes a token's key row, another its value
+// row, so that the two run side by side (a decode step appends few tokens, and each
+// warp's work is a chain of dependent loads and reductions).
+KVQ_HOST_DEVICE constexpr long long append_items(long long tokens, int num_kv_heads) {
+  return 2 * tokens * num_kv_heads;
+}
+
 KVQ_HOST_DEVICE constexpr std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 KVQ_HOST_DEVICE constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 

@@ -101,15 +101,17 @@ __device__ __forceinline__ void split_pack2(float x0, float x1, unsigned (&out)[
   }
 }
 
-// (x & mask) | bits in one LOP3: written as C++, two immediates compile to an AND and an
-// OR, one instruction more per code pair of the 0x6400 unpacking.
-__device__ __forceinline__ unsigned and_or(unsigned x, unsigned mask, unsigned bits) {
+// (x & Mask) | bits in one LOP3: written as C++, two immediates compile to an AND and an
+// OR, one instruction more per code pair of the 0x6400 unpacking. Mask is an immediate,
+// `bits` a register (one for all the masks).
+template <unsigned Mask>
+__device__ __forceinline__ unsigned and_or(unsigned x, unsigned bits) {
 #if defined(__CUDA_ARCH__) && !defined(KVQ_CUDA_HOST_EMULATION)
   unsigned r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(x), "r"(mask), "r"(bits));  // (a & b) | c
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(x), "n"(Mask), "r"(bits));  // (a & b) | c
   return r;
 #else
-  return (x & mask) | bits;
+  return (x & Mask) | bits;
 #endif
 }
 

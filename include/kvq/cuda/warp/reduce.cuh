@@ -25,7 +25,29 @@ __device__ __forceinline__ float max(float x) {
 // maxima use it: a visible NaN logit must poison its row as on the CPU, also when it is
 // the only visible logit of its tile, where fmaxf would leave −∞ and the row would read
 // as empty.
-__device__ __forceinline__ float fmax_nan(float a, float b) { return a != a || b != b ? a + b : fmaxf(a, b); }
+// One instruction on sm_80+ (max.NaN), three otherwise.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(KVQ_CUDA_HOST_EMULATION)
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return a != a || b != b ? a + b : fmaxf(a, b);
+#endif
+}
+
+// 2^x for softmax weights, x ≤ 0 (or NaN): one MUFU.EX2. Results below 2^-126 flush to
+// zero, where exp2f spends three more instructions on the subnormal range; such a weight
+// is below fp32's resolution of the row sum, which holds a weight of 1.
+__device__ __forceinline__ float exp2_weight(float x) {
+#if defined(__CUDA_ARCH__) && !defined(KVQ_CUDA_HOST_EMULATION)
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return exp2f(x);
+#endif
+}
 
 // fmax_nan over groups of `Width` consecutive lanes (Width a power of two ≤ 32).
 template <int Width = 32>
