@@ -27,6 +27,14 @@ void emu_rows(void (*k)(Args), const Args& a, long long items) {
   if (items == 0) return;
   kvq_emu::launch(to_dim3(cuda::row_grid(items)), dim3(cuda::kRowWarpsPerBlock * 32), [&] { k(a); });
 }
+// The append kernel with `parts` warps per token·head (append_parts).
+template <class Args>
+void emu_append(const Args& a, int hkv, int parts) {
+  const long long items = cuda::append_items(a.num_tokens, hkv, parts);
+  if (items == 0) return;
+  kvq_emu::launch(to_dim3(cuda::row_grid(items)), dim3(cuda::kRowWarpsPerBlock * 32),
+                  [&] { kern::append_kernel<Args>(a, parts); });
+}
 
 template <class KP>
 void emu_decode(const KP& kp, const cuda::DecodePlan& plan, cuda::DecodePrecision precision) {
@@ -73,7 +81,7 @@ void expect_counters_reset(const void* workspace, const cuda::DecodePlan& plan) 
 // ---- append, dequantize, rotate: bit-identical -----------------------------------------
 
 template <Policy P, ActivationType T>
-void check_rows(int hkv, int page_size, const std::vector<int>& lens, std::uint32_t seed) {
+void check_rows(int hkv, int page_size, const std::vector<int>& lens, std::uint32_t seed, int parts = 2) {
   constexpr int D = P.head_dim;
   const RaggedTable tab = make_table(lens, page_size, seed);
   const PageLayout<P> layout{page_size, hkv};
@@ -94,7 +102,7 @@ void check_rows(int hkv, int page_size, const std::vector<int>& lens, std::uint3
   cuda::AppendArgs<P, T> a{{got.data(), tab.num_pages, layout}, tab.host(), keys.data(), values.data(), n,
                            tok.batch.data(), tok.pos.data(), rot.host(), &flags};
   ASSERT_TRUE(cuda::validate(a).ok());
-  emu_rows(&kern::append_kernel<cuda::AppendArgs<P, T>>, a, cuda::append_items(n, hkv));
+  emu_append(a, hkv, parts);
   EXPECT_EQ(flags, 0u);
   const auto diff = std::mismatch(got.begin(), got.end(), ref.begin());
   EXPECT_TRUE(diff.first == got.end()) << "first differing byte " << (diff.first - got.begin()) << " of "
@@ -498,7 +506,10 @@ TEST(CudaEmulated, AppendRejectsOutOfRange) {
   unsigned flags = 0;
   cuda::AppendArgs<P, half_t> a{{pool.data(), tab.num_pages, layout}, tab.host(), rows.data(), rows.data(), 4,
                                 b.data(), p.data(), rot.host(), &flags};
-  emu_rows(&kern::append_kernel<cuda::AppendArgs<P, half_t>>, a, cuda::append_items(4, 2));
+  emu_append(a, 2, 2);
+  EXPECT_EQ(flags, unsigned(cuda::kBadPosition | cuda::kBadBatchIndex));
+  flags = 0;
+  emu_append(a, 2, 1);
   EXPECT_EQ(flags, unsigned(cuda::kBadPosition | cuda::kBadBatchIndex));
   EXPECT_TRUE(std::all_of(pool.begin(), pool.end(), [](std::byte x) { return x == std::byte{0xA5}; }));
 }
@@ -508,6 +519,13 @@ TEST(CudaEmulated, AppendDequantizeRotate_K4V2_HC_d128_half) {
 }
 TEST(CudaEmulated, AppendDequantizeRotate_K2V2_R_d64_float) {
   check_rows<presets::K2V2_R.with_head_dim(64), float>(2, 32, {50, 3}, 2);
+}
+// The launcher splits a token·head's key and value rows over two warps below
+// kAppendSplitBelow token·heads (the cases above); at and above it one warp does both.
+TEST(CudaEmulated, AppendDequantizeRotate_OneWarpPerTokenHead) {
+  static_assert(cuda::append_parts(cuda::kAppendSplitBelow, 1) == 1 && cuda::append_parts(100, 8) == 2);
+  check_rows<presets::K4V2_HC.with_head_dim(128), half_t>(2, 16, {1, 37, 0, 70}, 1, 1);
+  check_rows<presets::K2V2_R.with_head_dim(64), float>(2, 32, {50, 3}, 2, 1);
 }
 TEST(CudaEmulated, AppendDequantizeRotate_K8V8_H_bf16meta_d256_bf16) {
   constexpr Policy P = [] {

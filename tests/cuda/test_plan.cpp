@@ -161,6 +161,10 @@ TEST(CudaPlan, SuggestSplits) {
   EXPECT_EQ(suggest_num_splits(1, 8, 1, 32768, 132, 256, 2), 29);
   EXPECT_EQ(suggest_num_splits(16, 8, 1, 32768, 132, 256, 2), 2);
   EXPECT_EQ(suggest_num_splits(16, 8, 1, 32768, 132, 256, 1), 1);  // 128 of 132: no split
+  // More than a wave: 512 CTAs on 396 slots fill 1.3 waves (65%); 2 splits fill 86%.
+  EXPECT_EQ(suggest_num_splits(64, 8, 1, 32768, 132, 256, 3), 2);
+  EXPECT_EQ(suggest_num_splits(64, 8, 1, 32768, 132, 256, 4), 1);  // 512 of 528
+  EXPECT_EQ(suggest_num_splits(64, 8, 1, 256, 132, 256, 3), 1);    // no keys to split
 }
 
 TEST(CudaPlan, RowGrid) {

@@ -157,17 +157,20 @@ __device__ __forceinline__ void quantize_row_warp(const float* row, std::byte* c
 // Templated on the argument type, not on the Policy value: nvcc cannot spell a
 // class-type non-type template argument in its host stubs.
 template <class Args>
-__global__ void __launch_bounds__(kRowWarpsPerBlock * 32) append_kernel(Args a) {
+__global__ void __launch_bounds__(kRowWarpsPerBlock * 32) append_kernel(Args a, int parts) {
   constexpr Policy P = Args::kPolicy;
   constexpr int D = P.head_dim, E = D / 32;
   __shared__ float smem[kRowWarpsPerBlock][2][D];
   const int w = threadIdx.x / 32;
   const int hkv = a.cache.layout.num_kv_heads;
-  // Item (token i, head h, part): part 0 the key row, 1 the value row (append_items).
+  // Item (token i, head h[, part]): with 2 parts (append_parts) part 0 is the key row and
+  // 1 the value row; with one the warp quantizes both.
   const long long item = static_cast<long long>(blockIdx.x) * kRowWarpsPerBlock + w;
-  if (item >= append_items(a.num_tokens, hkv)) return;
-  const bool value = item & 1;
-  const int i = static_cast<int>(item / 2 / hkv), h = static_cast<int>(item / 2 % hkv);
+  if (item >= append_items(a.num_tokens, hkv, parts)) return;
+  const bool both = parts == 1;
+  const bool value = !both && (item & 1);
+  const long long row_item = both ? item : item >> 1;
+  const int i = static_cast<int>(row_item / hkv), h = static_cast<int>(row_item % hkv);
   const std::size_t off = (std::size_t(i) * hkv + h) * D;
   float x[E];
   warp::load_row<D>((value ? a.values : a.keys) + off, x);  // in flight during the page lookup
@@ -184,11 +187,12 @@ __global__ void __launch_bounds__(kRowWarpsPerBlock * 32) append_kernel(Args a) 
     warp::transform_key<P>(x, h, a.rotation, scratch);
     warp::to_shared<D>(row, x);
     quantize_row_warp<P.key, D>(row, L.key_codes(page, h, at.slot), L.key_meta_bytes(page, h, at.slot));
-  } else {
-    warp::transform_value<P>(x, h, a.rotation, scratch);
-    warp::to_shared<D>(row, x);
-    quantize_row_warp<P.value, D>(row, L.value_codes(page, h, at.slot), L.value_meta_bytes(page, h, at.slot));
+    if (!both) return;
+    warp::load_row<D>(a.values + off, x);
   }
+  warp::transform_value<P>(x, h, a.rotation, scratch);
+  warp::to_shared<D>(row, x);
+  quantize_row_warp<P.value, D>(row, L.value_codes(page, h, at.slot), L.value_meta_bytes(page, h, at.slot));
 }
 
 // x (fragment) ← dequantized packed row, exactly kvq::dequantize_row's values.

@@ -97,9 +97,11 @@ Status ctas_per_sm(const DecodePlan& plan, DecodePrecision precision, int& ctas)
 template <Policy P, ActivationType T>
 Status append_kv(const AppendArgs<P, T>& a, Stream stream) {
   KVQ_RETURN_IF_ERROR(validate(a));
-  const long long items = append_items(a.num_tokens, a.cache.layout.num_kv_heads);
+  const int parts = append_parts(a.num_tokens, a.cache.layout.num_kv_heads);
+  const long long items = append_items(a.num_tokens, a.cache.layout.num_kv_heads, parts);
   if (items == 0) return {};
-  kernel::append_kernel<std::decay_t<decltype(a)>><<<detail::to_dim3(row_grid(items)), kRowWarpsPerBlock * 32, 0, stream>>>(a);
+  kernel::append_kernel<std::decay_t<decltype(a)>>
+      <<<detail::to_dim3(row_grid(items)), kRowWarpsPerBlock * 32, 0, stream>>>(a, parts);
   KVQ_CUDA_CHECK(cudaGetLastError());
   return {};
 }

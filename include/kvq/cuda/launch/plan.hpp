@@ -122,22 +122,24 @@ inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
 }
 
 // A split factor by FlashAttention-2's wave rule: a wave is num_sms × ctas_per_sm
-// resident CTAs (decode_ctas_per_sm); a grid that fills 80% of a wave without splits
-// gets none; otherwise the smallest factor whose wave efficiency (CTAs / whole waves)
-// is within 85% of the best, with every split at least `min_tokens_per_split` keys of
-// the longest sequence (and at most 256 splits).
+// resident CTAs (decode_ctas_per_sm), a grid's wave efficiency is CTAs / (whole waves ×
+// wave). A grid at 80% or more without splits gets none; otherwise the smallest factor
+// within 85% of the best efficiency, with every split at least `min_tokens_per_split`
+// keys of the longest sequence (and at most 256 splits). Unlike FA2 this also splits
+// grids of more than one wave: 64 × 8 CTAs of fp16 pages on 132 SMs × 3 fill 1.3 waves
+// (65%); two splits fill 2.6 (86%).
 inline int suggest_num_splits(int batch, int num_kv_heads, int row_tiles, int max_seq_len, int num_sms,
                               int min_tokens_per_split = 256, int ctas_per_sm = 1) {
   const long long base = static_cast<long long>(batch) * num_kv_heads * (row_tiles < 1 ? 1 : row_tiles);
   if (base <= 0 || max_seq_len <= 0 || num_sms <= 0) return 1;
   const long long wave = static_cast<long long>(num_sms) * (ctas_per_sm < 1 ? 1 : ctas_per_sm);
-  if (10 * base >= 8 * wave) return 1;
-  long long cap = max_seq_len / (min_tokens_per_split < 1 ? 1 : min_tokens_per_split);
-  cap = cap < 1 ? 1 : (cap > 256 ? 256 : cap);
   auto efficiency = [&](long long s) {
     const long long ctas = base * s, waves = (ctas + wave - 1) / wave;
     return double(ctas) / double(waves * wave);
   };
+  if (efficiency(1) >= 0.8) return 1;
+  long long cap = max_seq_len / (min_tokens_per_split < 1 ? 1 : min_tokens_per_split);
+  cap = cap < 1 ? 1 : (cap > 256 ? 256 : cap);
   double best = 0;
   for (long long s = 1; s <= cap; ++s) best = efficiency(s) > best ? efficiency(s) : best;
   for (long long s = 1; s <= cap; ++s)
