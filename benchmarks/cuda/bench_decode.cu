@@ -93,26 +93,33 @@ struct Table {
   }
 };
 
-// Times `launch` with CUDA events; one iteration = `reps` launches.
+// Times `issue()`, which enqueues `ops` operations on `stream`, with CUDA events; the
+// iteration time is per operation.
 template <class F>
-void time_loop(benchmark::State& state, F&& launch, int reps = 5) {
+void time_events(benchmark::State& state, cudaStream_t stream, F&& issue, int ops) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  for (int i = 0; i < 2; ++i) launch();  // warm-up
+  for (int i = 0; i < 2; ++i) issue();  // warm-up
   for (auto _ : state) {
-    cudaEventRecord(start);
-    for (int r = 0; r < reps; ++r) launch();
-    cudaEventRecord(stop);
+    cudaEventRecord(start, stream);
+    issue();
+    cudaEventRecord(stop, stream);
     cudaEventSynchronize(stop);
     float ms = 0.f;
     cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3 / reps);
+    state.SetIterationTime(ms / 1e3 / ops);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) state.SkipWithError(cudaGetErrorString(e));
+}
+
+// Times `launch()` on the default stream; one iteration = `reps` launches.
+template <class F>
+void time_loop(benchmark::State& state, F&& launch, int reps = 5) {
+  time_events(state, nullptr, [&] { for (int r = 0; r < reps; ++r) launch(); }, reps);
 }
 
 // Times `launch(stream)` replayed from a CUDA graph of `reps` launches: the device time of
@@ -128,26 +135,10 @@ void time_graph(benchmark::State& state, F&& launch, int reps = 20) {
   for (int r = 0; r < reps; ++r) launch(stream);
   BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
   BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (int i = 0; i < 2; ++i) cudaGraphLaunch(exec, stream);  // warm-up
-  for (auto _ : state) {
-    cudaEventRecord(start, stream);
-    cudaGraphLaunch(exec, stream);
-    cudaEventRecord(stop, stream);
-    cudaEventSynchronize(stop);
-    float ms = 0.f;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3 / reps);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  time_events(state, stream, [&] { cudaGraphLaunch(exec, stream); }, reps);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) state.SkipWithError(cudaGetErrorString(e));
 }
 
 void BM_Copy(benchmark::State& state) {
