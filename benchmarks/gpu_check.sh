@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu_check.sh — the one device check of kvq's CUDA side: tests, sanitizers, benchmarks and
-# the PyTorch peer in one run (about 6 minutes on an H200, so a rerun fits a 15-minute lease).
+# the PyTorch peer in one run (90–110 s of command on an H200 on 2026-12-04, about 2 minutes
+# of a lease with the machine's start: several runs fit a 15-minute lease).
 #
 #   benchmarks/gpu_check.sh --prepare [DIR]   on a build machine (nvcc, GoogleTest,
 #       Google Benchmark; no GPU needed): builds the sm_90 binaries with static cudart and
@@ -9,10 +10,11 @@
 #       libbenchmark and ../shared/bench/torch_sdpa_peer.py into DIR (default
 #       build-gpu/stage, a few MiB).
 #   benchmarks/gpu_check.sh [DIR]             on the GPU machine: host and device tests,
-#       compute-sanitizer memcheck and racecheck on a subset, bench_cuda_decode, the torch
-#       peer, one Nsight Compute profile, then one table per shape: µs, GB/s on packed bytes,
-#       % of the device copy and × over torch's BF16 SDPA, all from this run. Logs, JSON and
-#       the profile go to $KVQ_GPU_CHECK_OUT (default $OUT, else /tmp)/kvq_gpu_check.
+#       bench_cuda_decode, the torch peer, two Nsight Compute profiles (sections and stall
+#       reasons), one table per shape (µs, GB/s on packed bytes, % of the device copy, ×
+#       over torch's BF16 SDPA, all from this run; appends as % of a decode step), then
+#       compute-sanitizer memcheck and racecheck on a subset, and the table again. Logs, JSON
+#       and the profiles go to $KVQ_GPU_CHECK_OUT (default $OUT, else /tmp)/kvq_gpu_check.
 #
 # Exit status: 0 when every test and sanitizer run passed (benchmarks never fail the check).
 set -u
