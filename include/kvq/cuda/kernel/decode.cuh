@@ -728,23 +728,18 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
 #pragma unroll
     for (int k = 0; k < VD; ++k) acc[r][k] = 0.f;
   }
-  // Two stage buffers, selected (not indexed) so that they stay in registers.
-  std::byte* const stage0 = smem + S.stage_off(w, 0);
-  std::byte* const stage1 = smem + S.stage_off(w, 1);
   float* p_s = reinterpret_cast<float*>(smem + S.p_off(w));
   const int u = lane / LPTV, d0 = (lane % LPTV) * VD;
 
-  int t0 = tb + 32 * w;
-  unsigned valid_cur = t0 < te ? issue_tile(a, S, tile, stage0, t0, te) : 0u;
-  warp::copy_commit();
-  int cur = 0;
-  for (; t0 < te; t0 += 32 * NW) {
-    const int tn = t0 + 32 * NW;
-    const unsigned valid_next = tn < te ? issue_tile(a, S, tile, cur ? stage0 : stage1, tn, te) : 0u;
-    warp::copy_commit();
-    warp::copy_wait<1>();
-    __syncwarp();
-    const std::byte* st = cur ? stage1 : stage0;
+  // Two-stage pipeline over this warp's tiles t0 = tb + 32·w, step 32·NW.
+  auto issue = [&](int i, int t_begin) -> unsigned {
+    return t_begin < te ? issue_tile(a, S, tile, smem + S.stage_off(w, i), t_begin, te) : 0u;
+  };
+  warp::StageRing<2> ring;
+  ring.start(issue, tb + 32 * w, 32 * NW);
+  for (int t0 = tb + 32 * w; t0 < te; t0 += 32 * NW) {
+    unsigned valid_cur = 0;
+    const std::byte* st = smem + S.stage_off(w, ring.next(issue, t0 + 32 * NW, valid_cur));
     const int n = te - t0 < 32 ? te - t0 : 32;
 
     // q·k: lane = token t0 + lane.
@@ -781,8 +776,6 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
                                d0, p_s + tt * R, acc);
     }
     __syncwarp();
-    cur ^= 1;
-    valid_cur = valid_next;
   }
   warp::copy_wait<0>();
 

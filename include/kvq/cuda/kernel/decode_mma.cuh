@@ -479,27 +479,11 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
                               a, S, tile, stage(i), t_begin, te)
                         : 0u;
   };
-  unsigned valid[NS];
-#pragma unroll
-  for (int i = 0; i < NS - 1; ++i) {
-    valid[i] = issue(i, tb + 32 * (w + i * NW));
-    warp::copy_commit();
-  }
-  int cur = 0;
+  warp::StageRing<NS> ring;
+  ring.start(issue, tb + 32 * w, 32 * NW);
   for (int t0 = tb + 32 * w; t0 < te; t0 += 32 * NW) {
-    // Refill the stage consumed last iteration, then wait for this one.
-    const int fill = (cur + NS - 1) % NS;
-    const unsigned vfill = issue(fill, t0 + 32 * NW * (NS - 1));
-    warp::copy_commit();
-    warp::copy_wait<NS - 1>();
-    __syncwarp();
     unsigned vcur = 0;
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      if (i == cur) vcur = valid[i];
-      if (i == fill) valid[i] = vfill;
-    }
-    const std::byte* st = stage(cur);
+    const std::byte* st = stage(ring.next(issue, t0 + 32 * NW * (NS - 1), vcur));
     const std::byte* kc = st + S.kc_off();
     const std::byte* km = st + S.km_off();
     const std::byte* vc = st + S.vc_off();
@@ -586,7 +570,6 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) Ops::template values<Splits>(vc, vm, mt, s[mt], xscale, o, olo);
     __syncwarp();
-    cur = cur + 1 == NS ? 0 : cur + 1;
   }
   warp::copy_wait<0>();
 

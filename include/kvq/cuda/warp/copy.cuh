@@ -45,4 +45,52 @@ __device__ __forceinline__ void copy_wait() {
 #endif
 }
 
+// A warp's NS-stage ring of cp.async tiles, the pipeline of both decode kernels. The warp
+// walks its tiles t, t + step, …; `issue(stage, t_begin)` starts one tile's copies into
+// stage buffer `stage` and returns the tile's mask of loaded tokens (0 past the end).
+//   StageRing<NS> ring;
+//   ring.start(issue, t_first, step);                    // NS − 1 tiles in flight
+//   for (t0 = t_first; t0 < end; t0 += step) {
+//     unsigned valid;
+//     const int st = ring.next(issue, t0 + (NS - 1) * step, valid);  // tile t0 has landed
+//     … read stage st …
+//     __syncwarp();                                      // before its buffer is refilled
+//   }
+//   copy_wait<0>();
+// The masks live in registers: stages are picked by comparison, never by a dynamic index.
+template <int NS>
+struct StageRing {
+  static_assert(NS >= 2, "kvq: a stage ring needs at least two stages");
+  unsigned valid[NS] = {};
+  int cur = 0;
+
+  template <class Issue>
+  __device__ __forceinline__ void start(Issue&& issue, int t_first, int step) {
+#pragma unroll
+    for (int i = 0; i < NS - 1; ++i) {
+      valid[i] = issue(i, t_first + i * step);
+      copy_commit();
+    }
+  }
+
+  // Refills the stage consumed last time with the tile at t_ahead, waits for the current
+  // tile and returns its stage; `loaded` is its mask.
+  template <class Issue>
+  __device__ __forceinline__ int next(Issue&& issue, int t_ahead, unsigned& loaded) {
+    const int fill = cur == 0 ? NS - 1 : cur - 1;
+    const unsigned vfill = issue(fill, t_ahead);
+    copy_commit();
+    copy_wait<NS - 1>();
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      if (i == cur) loaded = valid[i];
+      if (i == fill) valid[i] = vfill;
+    }
+    const int stage = cur;
+    cur = cur + 1 == NS ? 0 : cur + 1;
+    return stage;
+  }
+};
+
 }  // namespace kvq::cuda::warp
