@@ -559,7 +559,8 @@ __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S,
 // rotated_output. The partials may come from other CTAs of the same launch: they are
 // read past L1 (ld.global.cg). Splits are taken in order (the sums do not depend on the
 // unrolling); the loop has no branches, so the loads of several splits are in flight at
-// once (at 1×32K, 57 splits, one L2 round trip per split cost ~8 of 45 µs on the H200).
+// once (at 1×32K, 57 splits, one L2 round trip per split cost ~8 of 45 µs on the H200;
+// the last CTA's merge is on the kernel's critical path). 64/E floats a lane in flight.
 template <class KP>
 __device__ __forceinline__ void merge_split_row(const KP& a, std::size_t item, float* scratch) {
   using Src = typename KP::source_type;
@@ -579,7 +580,7 @@ __device__ __forceinline__ void merge_split_row(const KP& a, std::size_t item, f
     for (int s0 = 0; s0 < a.num_splits; s0 += 32) {
       const int n = a.num_splits - s0 < 32 ? a.num_splits - s0 : 32;
       const float lse_lane = lane < n ? __ldcg(a.partial_lse + (s0 + lane) * rows + item) : neg_inf_f();
-      [[maybe_unused]] constexpr int kInFlight = 16 / E;  // splits whose partial rows are loaded together
+      [[maybe_unused]] constexpr int kInFlight = 64 / E;  // splits whose partial rows are loaded together
 #pragma unroll kInFlight
       for (int k = 0; k < n; ++k) {
         const float ls = __shfl_sync(KVQ_FULL_MASK, lse_lane, k);
@@ -648,8 +649,9 @@ __device__ __forceinline__ void merge_if_last_split(const KP& a, const RowTile& 
 }
 
 // Phase 4: joins the NW warp states acc [NW][R][D], m [NW][R], l [NW][R] (at the start
-// of shared memory), normalizes and writes the final output or this split's partial.
-template <class KP, int R, int NW>
+// of shared memory), normalizes and writes the final output or this split's partial; with
+// kMergeInKernel (the tensor-core kernel) the last split CTA then joins the partials.
+template <class KP, int R, int NW, bool kMergeInKernel>
 __device__ __forceinline__ void write_rows(const KP& a, const RowTile& t, std::byte* smem, float* q_s,
                                            const float* shift_s) {
   using Src = typename KP::source_type;
@@ -690,7 +692,8 @@ __device__ __forceinline__ void write_rows(const KP& a, const RowTile& t, std::b
       if (lane == 0) a.partial_lse[prow] = lse;
     }
   }
-  if (a.num_splits > 1 && a.split_counters) merge_if_last_split<KP, NW>(a, t, q_s);
+  if constexpr (kMergeInKernel)
+    if (a.num_splits > 1 && a.split_counters) merge_if_last_split<KP, NW>(a, t, q_s);
 }
 
 // ---- the CUDA-core kernel ---------------------------------------------------------------
@@ -808,7 +811,7 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
   __syncthreads();
 
   // 4. Normalize and write.
-  write_rows<KP, R, NW>(a, tile, smem, q_s, shift_s);
+  write_rows<KP, R, NW, false>(a, tile, smem, q_s, shift_s);  // split_merge_kernel joins the splits
 }
 
 // Kernel parameters of one decode call (shared by the launchers and the host emulator).

@@ -602,7 +602,7 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
   __syncthreads();
 
   // 4. Normalize and write.
-  write_rows<KP, R, NW>(a, tile, smem, q_s, shift_s);
+  write_rows<KP, R, NW, true>(a, tile, smem, q_s, shift_s);
 }
 
 }  // namespace kvq::cuda::kernel
