@@ -175,6 +175,8 @@ void check_rotate(int hkv, int group, std::uint32_t seed) {
     check_append<POLICY, T>(2, 16, {1, 37, 0, 300, 129}, 11);                               \
     check_append<POLICY, T>(3, 64, {64, 65, 1000}, 12);                                     \
     check_append<POLICY, T>(1, 256, {513, 2}, 13);                                          \
+    /* ≥ kAppendSplitBelow token·heads per call: one warp per token·head */                 \
+    check_append<POLICY, T>(4, 64, {2100, 50}, 14);                                         \
   }                                                                                         \
   TEST(CudaAppend, ID##_rejects_out_of_range) {                                             \
     KVQ_REQUIRE_CUDA_DEVICE();                                                              \
@@ -185,5 +187,7 @@ void check_rotate(int hkv, int group, std::uint32_t seed) {
     check_rotate<POLICY, T>(2, 4, 31);                                                      \
   }
 KVQ_INSTANTIATIONS(KVQ_ROW_TESTS)
+static_assert(cuda::append_parts(2150 / 2, 4) == 1 && cuda::append_parts(1129 / 2, 3) == 2,
+              "CudaAppend covers both append paths");
 
 }  // namespace
