@@ -560,7 +560,8 @@ __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S,
 // read past L1 (ld.global.cg). Splits are taken in order (the sums do not depend on the
 // unrolling); the loop has no branches, so the loads of several splits are in flight at
 // once (at 1×32K, 57 splits, one L2 round trip per split cost ~8 of 45 µs on the H200;
-// the last CTA's merge is on the kernel's critical path). 64/E floats a lane in flight.
+// the last CTA's merge is on the kernel's critical path). 64/E splits, 64 floats a lane,
+// in flight.
 template <class KP>
 __device__ __forceinline__ void merge_split_row(const KP& a, std::size_t item, float* scratch) {
   using Src = typename KP::source_type;
