@@ -133,6 +133,16 @@ if command -v ncu > /dev/null; then
       echo "!! ncu failed or timed out"
     grep -E "decode|Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|stalled" \
       "$out/ncu_${bench//\//_}.txt" | head -32
+    # Where they wait: warp-state samples per SASS instruction (ncu's source page as CSV),
+    # to read against `cuobjdump -sass` of the same binary.
+    if [ -n "${KVQ_GPU_CHECK_SASS:-}" ]; then
+      rep="$out/src_${bench//\//_}"
+      timeout 60 ncu --clock-control none --section SourceCounters --launch-skip 2 --launch-count 1 -k regex:decode \
+        -f -o "$rep" "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
+        --benchmark_filter="$bench/batch:16/ctx:32768" > /dev/null 2>&1 &&
+        ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.csv" 2> "$rep.err" ||
+        echo "!! ncu source page failed ($rep.err)"
+    fi
   done
 fi
 

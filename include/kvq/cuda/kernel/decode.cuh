@@ -82,6 +82,15 @@ __device__ __forceinline__ Word load_word(const std::byte* p) {
 
 // ---- key/value sources ------------------------------------------------------------------
 
+// Where one KV head's rows lie in every page: the page pitch and the byte offsets, from a
+// page's start, of the head's K codes, K meta, V codes and V meta at slot 0 (rows follow
+// at kcb, kmb, vcb, vmb bytes). The decode kernels compute it once per CTA, so that a
+// tile's four source addresses cost one multiply and four adds.
+struct HeadRegions {
+  std::size_t page_bytes = 0;
+  std::size_t kc = 0, km = 0, vc = 0, vm = 0;
+};
+
 // Quantized pages of policy P (kvq/layout/paged.hpp).
 template <Policy P>
 struct QuantSource {
@@ -98,6 +107,10 @@ struct QuantSource {
   Layout layout;
 
   __device__ int num_kv_heads() const { return layout.num_kv_heads; }
+  __device__ HeadRegions head_regions(int h) const {
+    return {layout.page_bytes(), layout.key_codes_offset(h), layout.key_meta_offset(h), layout.value_codes_offset(h),
+            layout.value_meta_offset(h)};
+  }
   __device__ const std::byte* page(int i) const { return pool + layout.page_bytes() * std::size_t(i); }
   __device__ const std::byte* k_codes(int pg, int h, int slot) const { return layout.key_codes(page(pg), h, slot); }
   __device__ const std::byte* k_meta(int pg, int h, int slot) const { return layout.key_meta_bytes(page(pg), h, slot); }
@@ -221,6 +234,10 @@ struct DenseSource {
   Layout layout;
 
   __device__ int num_kv_heads() const { return layout.num_kv_heads; }
+  __device__ HeadRegions head_regions(int h) const {
+    const std::size_t k = 2 * layout.region_bytes() * std::size_t(h);
+    return {layout.page_bytes(), k, 0, k + layout.region_bytes(), 0};
+  }
   __device__ const std::byte* page(int i) const { return pool + layout.page_bytes() * std::size_t(i); }
   __device__ const std::byte* k_codes(int pg, int h, int slot) const {
     return reinterpret_cast<const std::byte*>(layout.key_row(page(pg), h, slot));
@@ -342,6 +359,20 @@ struct DecodeConfig {
 //                so that ldmatrix over 8 tokens' rows hits 8 different bank groups
 enum class StageLayout { linear, transposed, swizzled };
 
+// The copy chunk of a region's rows in stage layout L.
+template <int RowBytes, StageLayout L>
+inline constexpr int kStageChunk =
+    L != StageLayout::linear ? 16 : (RowBytes % 16 == 0 ? 16 : (RowBytes % 8 == 0 ? 8 : 4));
+
+// Chunk c of token t's row in stage layout L (dst: the region's stage buffer).
+template <int RowBytes, StageLayout L>
+__device__ __forceinline__ std::byte* stage_chunk(std::byte* dst, int t, int c) {
+  constexpr int Chunk = kStageChunk<RowBytes, L>;
+  return L == StageLayout::transposed ? dst + (std::size_t(c) * 32 + t) * 16
+         : L == StageLayout::swizzled ? dst + std::size_t(t) * RowBytes + (c ^ (t & 7)) * Chunk
+                                      : dst + (std::size_t(t) * RowBytes + c * Chunk);
+}
+
 // Copies the RowBytes-byte rows of the tile's n tokens into shared memory. Lane t's
 // (page, slot) is broadcast by shuffle; page < 0 marks a token that is skipped. With
 // kZeroMissing, skipped tokens and tokens n..31 are zero-filled (16-bit values enter an
@@ -349,7 +380,7 @@ enum class StageLayout { linear, transposed, swizzled };
 template <int RowBytes, StageLayout L, bool kZeroMissing = false, class Addr>
 __device__ __forceinline__ void stage_rows(std::byte* dst, int n, int my_page, int my_slot, Addr&& addr) {
   if constexpr (RowBytes > 0) {
-    constexpr int Chunk = L != StageLayout::linear ? 16 : (RowBytes % 16 == 0 ? 16 : (RowBytes % 8 == 0 ? 8 : 4));
+    constexpr int Chunk = kStageChunk<RowBytes, L>;
     static_assert(RowBytes % Chunk == 0, "kvq: staged rows must be whole chunks");
     static_assert(L != StageLayout::swizzled || RowBytes % 128 == 0, "kvq: swizzled rows are whole 8-chunk groups");
     constexpr int CPT = RowBytes / Chunk;
@@ -362,14 +393,28 @@ __device__ __forceinline__ void stage_rows(std::byte* dst, int n, int my_page, i
       const int sl = __shfl_sync(KVQ_FULL_MASK, my_slot, t);
       if (idx >= items) continue;
       const int c = idx % CPT;
-      std::byte* d = L == StageLayout::transposed ? dst + (std::size_t(c) * 32 + t) * 16
-                     : L == StageLayout::swizzled ? dst + std::size_t(t) * RowBytes + (c ^ (t & 7)) * Chunk
-                                                  : dst + std::size_t(t) * RowBytes + c * Chunk;
+      std::byte* d = stage_chunk<RowBytes, L>(dst, t, c);
       if (t < n && pg >= 0) {
         warp::copy_async<Chunk>(d, addr(pg, sl) + c * Chunk);
       } else if constexpr (kZeroMissing) {
         *reinterpret_cast<uint4*>(d) = uint4{0u, 0u, 0u, 0u};
       }
+    }
+  }
+}
+
+// A whole tile (32 consecutive slots of one page) of a region from `src`: unrolled, every
+// chunk at a fixed offset from the lane's first, no bounds to test.
+template <int RowBytes, StageLayout L>
+__device__ __forceinline__ void stage_full(std::byte* dst, const std::byte* src) {
+  if constexpr (RowBytes > 0) {
+    constexpr int Chunk = kStageChunk<RowBytes, L>, CPT = RowBytes / Chunk, kTileItems = kWarpTokens * CPT;
+    const int lane = warp::lane_id();
+#pragma unroll
+    for (int i = 0; i < (kTileItems + 31) / 32; ++i) {
+      const int idx = lane + 32 * i;
+      if (kTileItems % 32 != 0 && idx >= kTileItems) break;
+      warp::copy_async<Chunk>(stage_chunk<RowBytes, L>(dst, idx / CPT, idx % CPT), src + std::size_t(idx) * Chunk);
     }
   }
 }
@@ -380,31 +425,11 @@ __device__ __forceinline__ void stage_rows(std::byte* dst, int n, int my_page, i
 template <int RowBytes, StageLayout L, bool kZeroMissing = false>
 __device__ __forceinline__ void stage_run(std::byte* dst, int n, const std::byte* src) {
   if constexpr (RowBytes > 0) {
-    constexpr int Chunk = L != StageLayout::linear ? 16 : (RowBytes % 16 == 0 ? 16 : (RowBytes % 8 == 0 ? 8 : 4));
-    constexpr int CPT = RowBytes / Chunk;
+    constexpr int Chunk = kStageChunk<RowBytes, L>, CPT = RowBytes / Chunk;
     const int lane = warp::lane_id();
-    constexpr int kTileItems = kWarpTokens * CPT;
-    if (n == kWarpTokens && src) {
-      // A whole tile (the common case): unrolled, every chunk at a fixed offset from the
-      // lane's first, no loop bounds to test.
-#pragma unroll
-      for (int i = 0; i < (kTileItems + 31) / 32; ++i) {
-        const int idx = lane + 32 * i;
-        if (kTileItems % 32 != 0 && idx >= kTileItems) break;
-        const int t = idx / CPT, c = idx % CPT;
-        std::byte* d = L == StageLayout::transposed ? dst + (std::size_t(c) * 32 + t) * 16
-                       : L == StageLayout::swizzled ? dst + std::size_t(t) * RowBytes + (c ^ (t & 7)) * Chunk
-                                                    : dst + std::size_t(idx) * Chunk;
-        warp::copy_async<Chunk>(d, src + std::size_t(idx) * Chunk);
-      }
-      return;
-    }
     const int copied = src ? n * CPT : 0, items = kZeroMissing ? kWarpTokens * CPT : copied;
     for (int idx = lane; idx < items; idx += 32) {
-      const int t = idx / CPT, c = idx % CPT;
-      std::byte* d = L == StageLayout::transposed ? dst + (std::size_t(c) * 32 + t) * 16
-                     : L == StageLayout::swizzled ? dst + std::size_t(t) * RowBytes + (c ^ (t & 7)) * Chunk
-                                                  : dst + std::size_t(idx) * Chunk;
+      std::byte* d = stage_chunk<RowBytes, L>(dst, idx / CPT, idx % CPT);
       if (idx < copied) {
         warp::copy_async<Chunk>(d, src + std::size_t(idx) * Chunk);
       } else if constexpr (kZeroMissing) {
@@ -430,6 +455,8 @@ struct RowTile {
   int offset = 0;         // query token i sees keys [0, i + offset]
   const std::int32_t* pages = nullptr;  // the sequence's page indices
   int page_shift = -1;                  // log2(page_size) when a power of two, else -1
+  bool whole_tiles = false;             // page_size % 32 == 0: every warp tile lies in one page
+  HeadRegions regions;                  // head h's rows in any page
 };
 
 template <class KP>
@@ -450,6 +477,8 @@ __device__ __forceinline__ RowTile row_tile(const KP& a, int R) {
   const int ps = a.table.page_size;
   if (ps > 0 && (ps & (ps - 1)) == 0)
     for (t.page_shift = 0; (1 << t.page_shift) < ps;) ++t.page_shift;
+  t.whole_tiles = ps % kWarpTokens == 0;
+  t.regions = a.src.head_regions(t.h);
   t.offset = a.p.causal_offset ? a.p.causal_offset[t.b] : t.len - nq;
   return t;
 }
@@ -510,29 +539,62 @@ __device__ __forceinline__ void split_range(const RowTile& t, int num_splits, co
   te = te < max_limit + 1 ? te : max_limit + 1;
 }
 
+// Index into t.pages of the page that holds token `tok`.
+__device__ __forceinline__ int page_slot_index(const RowTile& t, int page_size, int tok) {
+  return t.page_shift >= 0 ? tok >> t.page_shift : tok / page_size;
+}
+
+// The page of each tile a warp issues, read from the page table one issue ahead, so that
+// a tile's copies never wait for that load (whole_tiles only; -1 otherwise). The warp
+// issues tiles t_first, t_first + step, … in order (warp::StageRing).
+struct PageAhead {
+  int next = -1;
+  template <class KP>
+  __device__ __forceinline__ void start(const KP& a, const RowTile& t, int t_first, int te) {
+    next = t.whole_tiles && t_first < te ? t.pages[page_slot_index(t, a.table.page_size, t_first)] : -1;
+  }
+  // The page of tile t_begin (the one after the last taken); loads the next one's.
+  template <class KP>
+  __device__ __forceinline__ int take(const KP& a, const RowTile& t, int t_begin, int step, int te) {
+    const int pg = next;
+    const int t_after = t_begin + step;
+    if (t.whole_tiles && t_after < te) next = t.pages[page_slot_index(t, a.table.page_size, t_after)];
+    return pg;
+  }
+};
+
 // Issues the copies of the warp tile [t0, min(t0 + 32, te)) into stage buffer `st`;
 // returns the mask of loadable tokens (a page index outside the pool is skipped and
 // flagged). Codes are staged in layout KL (keys) and VL (values), metadata linearly.
+// pg: the tile's page (PageAhead) when t.whole_tiles; ignored otherwise, where every
+// token's page is looked up.
 template <class KP, StageLayout KL = StageLayout::transposed, StageLayout VL = StageLayout::linear,
           bool kZeroMissingValues = false>
 __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S, const RowTile& t, std::byte* st, int t0,
-                                               int te) {
+                                               int te, int pg) {
   using Src = typename KP::source_type;
   constexpr auto lin = StageLayout::linear;
   const int lane = threadIdx.x & 31;
   const int n = te - t0 < 32 ? te - t0 : 32;
   const int h = t.h;
-  if (a.table.page_size % kWarpTokens == 0) {
+  if (t.whole_tiles) {
     // Tiles start at multiples of 32 (split_chunk): the whole tile is one page's run.
-    const int pi = t.page_shift >= 0 ? t0 >> t.page_shift : t0 / a.table.page_size;
-    const int pg = t.pages[pi];
-    const int slot = t0 - pi * a.table.page_size;
+    const int slot = t.page_shift >= 0 ? t0 & (a.table.page_size - 1) : t0 % a.table.page_size;
     const bool ok = pg >= 0 && pg < a.src.num_pages;
     if (!ok && lane == 0 && a.error_flags) atomicOr(a.error_flags, static_cast<unsigned>(kBadPage));
-    stage_run<Src::kcb, KL>(st + S.kc_off(), n, ok ? a.src.k_codes(pg, h, slot) : nullptr);
-    stage_run<Src::kmb, lin>(st + S.km_off(), n, ok ? a.src.k_meta(pg, h, slot) : nullptr);
-    stage_run<Src::vcb, VL, kZeroMissingValues>(st + S.vc_off(), n, ok ? a.src.v_codes(pg, h, slot) : nullptr);
-    stage_run<Src::vmb, lin>(st + S.vm_off(), n, ok ? a.src.v_meta(pg, h, slot) : nullptr);
+    const std::byte* head = ok ? a.src.pool + std::size_t(pg) * t.regions.page_bytes : nullptr;
+    auto at = [&](std::size_t region, int pitch) { return ok ? head + region + std::size_t(slot) * pitch : nullptr; };
+    if (n == kWarpTokens && ok) {  // the common case: four unrolled runs
+      stage_full<Src::kcb, KL>(st + S.kc_off(), at(t.regions.kc, Src::kcb));
+      stage_full<Src::kmb, lin>(st + S.km_off(), at(t.regions.km, Src::kmb));
+      stage_full<Src::vcb, VL>(st + S.vc_off(), at(t.regions.vc, Src::vcb));
+      stage_full<Src::vmb, lin>(st + S.vm_off(), at(t.regions.vm, Src::vmb));
+      return KVQ_FULL_MASK;
+    }
+    stage_run<Src::kcb, KL>(st + S.kc_off(), n, at(t.regions.kc, Src::kcb));
+    stage_run<Src::kmb, lin>(st + S.km_off(), n, at(t.regions.km, Src::kmb));
+    stage_run<Src::vcb, VL, kZeroMissingValues>(st + S.vc_off(), n, at(t.regions.vc, Src::vcb));
+    stage_run<Src::vmb, lin>(st + S.vm_off(), n, at(t.regions.vm, Src::vmb));
     return ok ? (n == 32 ? KVQ_FULL_MASK : (1u << n) - 1u) : 0u;
   }
   int my_page = -1, my_slot = 0;
@@ -736,8 +798,12 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
   const int u = lane / LPTV, d0 = (lane % LPTV) * VD;
 
   // Two-stage pipeline over this warp's tiles t0 = tb + 32·w, step 32·NW.
+  PageAhead ahead;
+  ahead.start(a, tile, tb + 32 * w, te);
   auto issue = [&](int i, int t_begin) -> unsigned {
-    return t_begin < te ? issue_tile(a, S, tile, smem + S.stage_off(w, i), t_begin, te) : 0u;
+    return t_begin < te ? issue_tile(a, S, tile, smem + S.stage_off(w, i), t_begin, te,
+                                     ahead.take(a, tile, t_begin, 32 * NW, te))
+                        : 0u;
   };
   warp::StageRing<2> ring;
   ring.start(issue, tb + 32 * w, 32 * NW);

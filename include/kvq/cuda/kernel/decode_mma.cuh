@@ -456,6 +456,12 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
   int tb, te;
   split_range<R>(tile, a.num_splits, limit_s, tb, te);
   const int lim[2] = {limit_s[2 * t], limit_s[2 * t + 1]};
+  // Tiles that are whole and visible to every real row need no masking. Padding rows
+  // (B columns of zeros) are then left unmasked: their logits are 0 (or NaN with NaN key
+  // metadata), and their state is never written.
+  int lim_real = te;
+#pragma unroll
+  for (int r = 0; r < R; ++r) lim_real = r < tile.rows && limit_s[r] < lim_real ? limit_s[r] : lim_real;
   float qsum[2][NK];
 #pragma unroll
   for (int k = 0; k < NK; ++k)
@@ -474,9 +480,11 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
 
   // NS-stage pipeline over this warp's tiles t0 = tb + 32·w, step 32·NW.
   auto stage = [&](int i) { return smem + S.stage_off(w, i); };
+  PageAhead ahead;
+  ahead.start(a, tile, tb + 32 * w, te);
   auto issue = [&](int i, int t_begin) -> unsigned {
     return t_begin < te ? issue_tile<KP, Ops::kKeyLayout, Ops::kValueLayout, Ops::kZeroMissingValues>(
-                              a, S, tile, stage(i), t_begin, te)
+                              a, S, tile, stage(i), t_begin, te, ahead.take(a, tile, t_begin, 32 * NW, te))
                         : 0u;
   };
   warp::StageRing<NS> ring;
@@ -495,11 +503,15 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
     for (int mt = 0; mt < 2; ++mt) {
       s[mt][0] = s[mt][1] = s[mt][2] = s[mt][3] = 0.f;
       Ops::template logits<Splits>(kc, km, mt, qf_s, qsum, qup, s[mt]);
+    }
+    if (vcur != KVQ_FULL_MASK || t0 + 31 > lim_real) {  // warp-uniform
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int tok = 16 * mt + g + 8 * (i / 2);
-        if (!((vcur >> tok) & 1u) || t0 + tok > lim[i % 2]) s[mt][i] = neg_inf_f();
-      }
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int tok = 16 * mt + g + 8 * (i / 2);
+          if (!((vcur >> tok) & 1u) || t0 + tok > lim[i % 2]) s[mt][i] = neg_inf_f();
+        }
     }
 
     // The p·v operand's exponent: the largest value scale of the tile times 2^pexp stays
@@ -507,22 +519,18 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
     // (p ≤ 1) for large ones. pexp only moves when the tile leaves that range, to
     // 2^13 (clamped to ±60 so that the rescale of O stays finite): most tiles then
     // rescale nothing.
-    float xscale = ldexpf(1.f, pexp), rescale = 1.f;
+    float xscale = warp::pow2(pexp), rescale = 1.f;
     if constexpr (kQuant) {
-      float smax = 0.f;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int tok = 16 * (k / 2) + g + 8 * (k % 2);
-        if ((vcur >> tok) & 1u) smax = fmaxf(smax, Ops::value_scale(vm, tok));
-      }
-      smax = warp::max(smax);
-      if (smax > 0.f && smax <= 3.0e38f) {
-        const int e = ilogbf(smax);
+      // Lane = token; value_scale is ≥ 0 and never NaN (fmaxf drops NaN scales).
+      const float sc = (vcur >> lane) & 1u ? Ops::value_scale(vm, lane) : 0.f;
+      const unsigned smax = warp::max_u32(__float_as_uint(sc));
+      if (smax != 0u && smax < 0x7f800000u) {  // positive and finite
+        const int e = static_cast<int>(smax >> 23) - 127;  // ilogb; fp32 subnormals read −127
         if (e + pexp < 11 || e + pexp > 14) {
           int e_new = 13 - e;
           e_new = e_new < -60 ? -60 : (e_new > 60 ? 60 : e_new);
-          rescale = ldexpf(1.f, e_new - pexp);
-          xscale = ldexpf(1.f, e_new);
+          rescale = warp::pow2(e_new - pexp);
+          xscale = warp::pow2(e_new);
           pexp = e_new;
         }
       }

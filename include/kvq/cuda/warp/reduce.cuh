@@ -49,6 +49,25 @@ __device__ __forceinline__ float exp2_weight(float x) {
 #endif
 }
 
+// Max of unsigned values over the warp: one REDUX on sm_80+. Non-negative floats (not
+// NaN) order like their bit patterns, so it also takes the max of such floats.
+__device__ __forceinline__ unsigned max_u32(unsigned x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(KVQ_CUDA_HOST_EMULATION)
+  return __reduce_max_sync(KVQ_FULL_MASK, x);
+#else
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const unsigned y = __shfl_xor_sync(KVQ_FULL_MASK, x, off);
+    x = y > x ? y : x;
+  }
+  return x;
+#endif
+}
+
+// 2^e as a float, for −126 ≤ e ≤ 127 (normal range): built from the exponent bits, where
+// ldexpf spends a dozen instructions on the general case.
+__device__ __forceinline__ float pow2(int e) { return __int_as_float((e + 127) << 23); }
+
 // fmax_nan over groups of `Width` consecutive lanes (Width a power of two ≤ 32).
 template <int Width = 32>
 __device__ __forceinline__ float max_nan(float x) {
