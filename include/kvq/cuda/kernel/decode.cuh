@@ -84,11 +84,13 @@ __device__ __forceinline__ Word load_word(const std::byte* p) {
 
 // Where one KV head's rows lie in every page: the page pitch and the byte offsets, from a
 // page's start, of the head's K codes, K meta, V codes and V meta at slot 0 (rows follow
-// at kcb, kmb, vcb, vmb bytes). The decode kernels compute it once per CTA, so that a
-// tile's four source addresses cost one multiply and four adds.
+// at kcb, kmb, vcb, vmb bytes). Computed per tile from the kernel parameters (uniform
+// values), so that a tile's four source addresses cost one multiply and four adds.
+// Offsets inside a page are 32-bit: the launchers reject pages of 4 GiB or more
+// (measured with ptxas: 64-bit offsets made the default `fast` kernel spill).
 struct HeadRegions {
   std::size_t page_bytes = 0;
-  std::size_t kc = 0, km = 0, vc = 0, vm = 0;
+  unsigned kc = 0, km = 0, vc = 0, vm = 0;
 };
 
 // Quantized pages of policy P (kvq/layout/paged.hpp).
@@ -108,8 +110,8 @@ struct QuantSource {
 
   __device__ int num_kv_heads() const { return layout.num_kv_heads; }
   __device__ HeadRegions head_regions(int h) const {
-    return {layout.page_bytes(), layout.key_codes_offset(h), layout.key_meta_offset(h), layout.value_codes_offset(h),
-            layout.value_meta_offset(h)};
+    return {layout.page_bytes(), unsigned(layout.key_codes_offset(h)), unsigned(layout.key_meta_offset(h)),
+            unsigned(layout.value_codes_offset(h)), unsigned(layout.value_meta_offset(h))};
   }
   __device__ const std::byte* page(int i) const { return pool + layout.page_bytes() * std::size_t(i); }
   __device__ const std::byte* k_codes(int pg, int h, int slot) const { return layout.key_codes(page(pg), h, slot); }
@@ -236,7 +238,7 @@ struct DenseSource {
   __device__ int num_kv_heads() const { return layout.num_kv_heads; }
   __device__ HeadRegions head_regions(int h) const {
     const std::size_t k = 2 * layout.region_bytes() * std::size_t(h);
-    return {layout.page_bytes(), k, 0, k + layout.region_bytes(), 0};
+    return {layout.page_bytes(), unsigned(k), 0, unsigned(k + layout.region_bytes()), 0};
   }
   __device__ const std::byte* page(int i) const { return pool + layout.page_bytes() * std::size_t(i); }
   __device__ const std::byte* k_codes(int pg, int h, int slot) const {
@@ -456,7 +458,6 @@ struct RowTile {
   const std::int32_t* pages = nullptr;  // the sequence's page indices
   int page_shift = -1;                  // log2(page_size) when a power of two, else -1
   bool whole_tiles = false;             // page_size % 32 == 0: every warp tile lies in one page
-  HeadRegions regions;                  // head h's rows in any page
 };
 
 template <class KP>
@@ -478,7 +479,6 @@ __device__ __forceinline__ RowTile row_tile(const KP& a, int R) {
   if (ps > 0 && (ps & (ps - 1)) == 0)
     for (t.page_shift = 0; (1 << t.page_shift) < ps;) ++t.page_shift;
   t.whole_tiles = ps % kWarpTokens == 0;
-  t.regions = a.src.head_regions(t.h);
   t.offset = a.p.causal_offset ? a.p.causal_offset[t.b] : t.len - nq;
   return t;
 }
@@ -582,19 +582,20 @@ __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S,
     const int slot = t.page_shift >= 0 ? t0 & (a.table.page_size - 1) : t0 % a.table.page_size;
     const bool ok = pg >= 0 && pg < a.src.num_pages;
     if (!ok && lane == 0 && a.error_flags) atomicOr(a.error_flags, static_cast<unsigned>(kBadPage));
-    const std::byte* head = ok ? a.src.pool + std::size_t(pg) * t.regions.page_bytes : nullptr;
-    auto at = [&](std::size_t region, int pitch) { return ok ? head + region + std::size_t(slot) * pitch : nullptr; };
+    const HeadRegions r = a.src.head_regions(h);
+    const std::byte* head = ok ? a.src.pool + std::size_t(pg) * r.page_bytes : nullptr;
+    auto at = [&](unsigned region, int pitch) { return ok ? head + (region + unsigned(slot * pitch)) : nullptr; };
     if (n == kWarpTokens && ok) {  // the common case: four unrolled runs
-      stage_full<Src::kcb, KL>(st + S.kc_off(), at(t.regions.kc, Src::kcb));
-      stage_full<Src::kmb, lin>(st + S.km_off(), at(t.regions.km, Src::kmb));
-      stage_full<Src::vcb, VL>(st + S.vc_off(), at(t.regions.vc, Src::vcb));
-      stage_full<Src::vmb, lin>(st + S.vm_off(), at(t.regions.vm, Src::vmb));
+      stage_full<Src::kcb, KL>(st + S.kc_off(), at(r.kc, Src::kcb));
+      stage_full<Src::kmb, lin>(st + S.km_off(), at(r.km, Src::kmb));
+      stage_full<Src::vcb, VL>(st + S.vc_off(), at(r.vc, Src::vcb));
+      stage_full<Src::vmb, lin>(st + S.vm_off(), at(r.vm, Src::vmb));
       return KVQ_FULL_MASK;
     }
-    stage_run<Src::kcb, KL>(st + S.kc_off(), n, at(t.regions.kc, Src::kcb));
-    stage_run<Src::kmb, lin>(st + S.km_off(), n, at(t.regions.km, Src::kmb));
-    stage_run<Src::vcb, VL, kZeroMissingValues>(st + S.vc_off(), n, at(t.regions.vc, Src::vcb));
-    stage_run<Src::vmb, lin>(st + S.vm_off(), n, at(t.regions.vm, Src::vmb));
+    stage_run<Src::kcb, KL>(st + S.kc_off(), n, at(r.kc, Src::kcb));
+    stage_run<Src::kmb, lin>(st + S.km_off(), n, at(r.km, Src::kmb));
+    stage_run<Src::vcb, VL, kZeroMissingValues>(st + S.vc_off(), n, at(r.vc, Src::vcb));
+    stage_run<Src::vmb, lin>(st + S.vm_off(), n, at(r.vm, Src::vmb));
     return ok ? (n == 32 ? KVQ_FULL_MASK : (1u << n) - 1u) : 0u;
   }
   int my_page = -1, my_slot = 0;
@@ -798,12 +799,11 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
   const int u = lane / LPTV, d0 = (lane % LPTV) * VD;
 
   // Two-stage pipeline over this warp's tiles t0 = tb + 32·w, step 32·NW.
-  PageAhead ahead;
-  ahead.start(a, tile, tb + 32 * w, te);
+  // The page is read at issue time: a register more (PageAhead) spills R = 4 at d 128.
   auto issue = [&](int i, int t_begin) -> unsigned {
-    return t_begin < te ? issue_tile(a, S, tile, smem + S.stage_off(w, i), t_begin, te,
-                                     ahead.take(a, tile, t_begin, 32 * NW, te))
-                        : 0u;
+    if (t_begin >= te) return 0u;
+    const int pg = tile.whole_tiles ? tile.pages[page_slot_index(tile, a.table.page_size, t_begin)] : -1;
+    return issue_tile(a, S, tile, smem + S.stage_off(w, i), t_begin, te, pg);
   };
   warp::StageRing<2> ring;
   ring.start(issue, tb + 32 * w, 32 * NW);

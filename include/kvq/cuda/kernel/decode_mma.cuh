@@ -9,10 +9,11 @@
 //
 // Swapped MMA roles (mma.sync m16n8k16, tokens in M, the 8 rows in N), per 16 tokens:
 //   q·k  Sᵀ [16 tokens × 8 rows] = Σ_groups s_g ⊙ (C_g · Q'_gᵀ) + lo_g ⊗ Σq'_g
-//        A = key codes of tokens g and g+8, unpacked exactly to fp16 (0x6400 trick, one
-//        LOP3 + one HSUB2 per code pair); B = Q' fragments built once per CTA. Each MMA's
-//        k-step lies in one key group, whose fp32 accumulator is folded with the token's
-//        (scale, lo) — the codes are never dequantized.
+//        A = key codes of tokens g and g+8, unpacked exactly to fp16 (0x6400 trick: one
+//        LOP3 per code pair, 1024 + c·2^e; `exact` adds an HSUB2 to remove the 1024, `fast`
+//        starts the accumulator at −1024·Σb instead); B = Q' fragments built once per CTA.
+//        Each MMA's k-step lies in one key group, whose fp32 accumulator is folded with
+//        the token's (scale, lo) — the codes are never dequantized.
 //   p·v  Oᵀ [D dims × 8 rows] += C_vᵀ · (P ⊙ s_v)ᵀ, and Σ p·lo_v per (row, value group)
 //        A = value codes of tokens (2t, 2t+1, 2t+8, 2t+9), unpacked in token pairs; B = the
 //        probabilities times the value scale, packed from the Sᵀ accumulator and moved into
@@ -38,14 +39,16 @@
 // Error of `fast` against exact attention over K̂, V̂, per output element d of a row, to
 // first order in u (the test adds the factor 2^{2u·max a} for the rest, and fp32 rounding):
 //   |Δo_d| ≤ u·Σ_t p_t·(ln2·a_t·|ŵ_{t,d} − o_d| + |s_{v,t}·c_{t,d}|)
-//   a_t = Σ_i |q'_i·s_{g(i),t}·c_{t,i}|   the code part of token t's logit, log₂ units
-//         (q' = τ·log₂e·q·R_K; 16-bit pages: Σ_i |q'_i·k_{t,i}|, and the last term |v_{t,d}|)
+//   a_t = Σ_i |q'_i·s_{g(i),t}·c_{t,i}| + κ·Σ_i |q'_i·s_{g(i),t}|   log₂ units
+//         (q' = τ·log₂e·q·R_K; κ = kFastKeyBiasKappa<P>, 2.25 at key group 32; 16-bit
+//         pages: Σ_i |q'_i·k_{t,i}|, and the last term |v_{t,d}|)
 // with t over the row's visible tokens, p the exact weights, ŵ_t the stored-basis value
 // row and o the stored-basis output (R_V is orthogonal: the error's L2 norm is the same in
-// the original basis). Why: rounding Q' moves logit t by at most u·a_t, which moves the
-// output by ln2·Σ_t p_t·Δs_t·(ŵ_t − o); rounding p·s_v moves each value code term by at
-// most u of itself. tests/cuda/test_emulated.cpp checks it against fp64 attention over
-// the dequantized cache.
+// the original basis). Why: rounding Q' moves logit t by at most u·a_t's first term, and
+// the biased key codes' fp32 cancellation (MmaOps::logits) by at most its second; a logit
+// error moves the output by ln2·Σ_t p_t·Δs_t·(ŵ_t − o); rounding p·s_v moves each value
+// code term by at most u of itself. tests/cuda/test_emulated.cpp checks it against fp64
+// attention over the dequantized cache, and tests/cuda/test_attention.cu on the device.
 //
 // Served cache types: kTensorCoreDecode<P> / kTensorCoreDenseDecode<T, D> (traits).
 // Registers per lane: Oᵀ 4·D/16, Sᵀ 8, key-group accumulator 4, m/l 4, Σ p·lo 2·NV.
@@ -88,10 +91,17 @@ template <int Bits>
 KVQ_HOST_DEVICE constexpr int code_exp(int j) {
   return j * Bits + Bits <= 10 ? j * Bits : j * Bits - 6;
 }
-template <int Bits, int J>
+// kBiased: leave the pair as (1024 + x0, 1024 + x1), for a product whose accumulator
+// starts at −1024·Σb (MmaOps::logits in `fast`).
+template <int Bits, int J, bool kBiased = false>
 __device__ __forceinline__ unsigned code_pair(unsigned w, unsigned w6) {
   constexpr unsigned kMask = (((1u << Bits) - 1u) << code_exp<Bits>(J)) * 0x00010001u;
-  return warp::unbias_half2(warp::and_or<kMask>(J * Bits + Bits <= 10 ? w : w6, 0x64006400u));
+  const unsigned biased = warp::and_or<kMask>(J * Bits + Bits <= 10 ? w : w6, 0x64006400u);
+  if constexpr (kBiased) {
+    return biased;
+  } else {
+    return warp::unbias_half2(biased);
+  }
 }
 
 // f(std::integral_constant<int, i>) for i = 0 … N−1: code positions as template arguments
@@ -116,20 +126,22 @@ struct KeyRun {
   KVQ_HOST_DEVICE static constexpr int hi(int r) { return RunBits == 16 ? 8 / Bits + r : lo(r) + 16 / Bits; }
   KVQ_HOST_DEVICE static constexpr int exp(int r) { return RunBits == 16 ? r * Bits : code_exp<Bits>(r % kPerWord); }
 
+  template <bool kBiased = false>
   __device__ static void unpack(const std::byte* run, unsigned (&u)[kPairs]) {
     unsigned w[RunBits < 32 ? 1 : RunBits / 32];
     load_run<RunBits / 8>(run, w);
     if constexpr (RunBits == 16) {
       // bytes (b0, b1) → halves (b0, b1): code j of each byte at bit j·Bits ≤ 6
       const unsigned x = warp::byte_perm(w[0], 0u, 0x4140u);
-      for_each_index<kPairs>([&](auto r) { u[decltype(r)::value] = code_pair<Bits, decltype(r)::value>(x, x); });
+      for_each_index<kPairs>(
+          [&](auto r) { u[decltype(r)::value] = code_pair<Bits, decltype(r)::value, kBiased>(x, x); });
     } else {
 #pragma unroll
       for (int q = 0; q < RunBits / 32; ++q) {
         const unsigned w6 = w[q] >> 6;
         for_each_index<kPerWord>([&](auto j) {
           constexpr int J = decltype(j)::value;
-          u[q * kPerWord + J] = code_pair<Bits, J>(w[q], w6);
+          u[q * kPerWord + J] = code_pair<Bits, J, kBiased>(w[q], w6);
         });
       }
     }
@@ -215,10 +227,16 @@ struct MmaOps<QuantSource<P>> {
   }
 
   // s += Σ_groups s_g·(C_g·Q'_gᵀ)·qup + lo_g·Σq'_g for m-tile `mt`;
-  // qf_s: Q' fragments [KS][Splits][32] uint2; qsum: Σq'_g/qup of rows 2t, 2t+1.
+  // qf_s: Q' fragments [KS][Splits][32] uint2; qsum: Σq'_g/qup of rows 2t, 2t+1;
+  // bias_s: [NK][4 lane quarters] float4, the accumulators' start −1024·Σb of `fast`.
+  // `fast` (one split) keeps the codes biased, 1024 + c·2^e, and starts each group's
+  // accumulator at −1024·Σ_k b_k instead (one LDS.128 per group and m-tile for an HSUB2
+  // per code pair); `exact` subtracts the bias from the codes, whose 22-bit operands the
+  // cancellation would degrade.
   template <int Splits>
   __device__ static void logits(const std::byte* kc, const std::byte* km, int mt, const uint2* qf_s,
-                                const float (&qsum)[2][NK], float qup, float (&s)[4]) {
+                                const float4* bias_s, const float (&qsum)[2][NK], float qup, float (&s)[4]) {
+    constexpr bool kFold = Splits == 1;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int ta = 16 * mt + g, tb = ta + 8;
     const auto* ma = reinterpret_cast<const meta_storage_t<P.key.meta>*>(km + std::size_t(ta) * Src::kmb);
@@ -227,9 +245,13 @@ struct MmaOps<QuantSource<P>> {
     for (int grp = 0; grp < NK; ++grp) {
       const std::size_t off = std::size_t(grp) * (GK * P.key.bits / 8) + t * kKeyRunBytes;
       unsigned ua[KR::kPairs], ub[KR::kPairs];
-      KR::unpack(kc + std::size_t(ta) * Src::kcb + off, ua);
-      KR::unpack(kc + std::size_t(tb) * Src::kcb + off, ub);
+      KR::template unpack<kFold>(kc + std::size_t(ta) * Src::kcb + off, ua);
+      KR::template unpack<kFold>(kc + std::size_t(tb) * Src::kcb + off, ub);
       float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      if constexpr (kFold) {
+        const float4 b = bias_s[grp * 4 + t];
+        acc[0] = b.x, acc[1] = b.y, acc[2] = b.z, acc[3] = b.w;
+      }
 #pragma unroll
       for (int k = 0; k < KSG; ++k) {
         const unsigned a[4] = {ua[2 * k], ub[2 * k], ua[2 * k + 1], ub[2 * k + 1]};
@@ -316,7 +338,7 @@ struct MmaOps<DenseSource<T, HD>> {
   }
 
   template <int Splits>
-  __device__ static void logits(const std::byte* kc, const std::byte*, int mt, const uint2* qf_s,
+  __device__ static void logits(const std::byte* kc, const std::byte*, int mt, const uint2* qf_s, const float4*,
                                 const float (&)[2][NK], float qup, float (&s)[4]) {
     const int lane = threadIdx.x & 31, i = lane >> 3, r = lane & 7;
     const int tok = 16 * mt + (i & 1) * 8 + r;  // ldmatrix row of this lane: a[0..3] = (tok 0-7 | 8-15) × (k 0-7 | 8-15)
@@ -376,8 +398,12 @@ struct MmaDecodeConfig {
   static constexpr int min_ctas_per_sm(DecodePrecision p) {
     return D <= 128 && (Src::kmb > 0 || p == DecodePrecision::fast) ? 16 / NW : 1;
   }
-  // Query fragments [KS][kMaxSplits][32 lanes] uint2, then the CTA's exponent of Q' (int).
-  static constexpr std::size_t kFragBytes = std::size_t(KS) * kMaxSplits * 32 * 8 + 16;
+  // Query fragments [KS][kMaxSplits][32 lanes] uint2, the CTA's exponent of Q' (int, 16
+  // bytes), then for quantized pages the key accumulators' start [NK][4][4] float
+  // (MmaOps::logits).
+  static constexpr std::size_t kQmaxOff = std::size_t(KS) * kMaxSplits * 32 * 8;
+  static constexpr std::size_t kBiasOff = kQmaxOff + 16;
+  static constexpr std::size_t kFragBytes = kBiasOff + (Src::kmb > 0 ? std::size_t(Src::NK) * 64 : 0);
   static constexpr DecodeSmem smem{std::size_t(Src::kcb), std::size_t(Src::kmb), std::size_t(Src::vcb),
                                    std::size_t(Src::vmb), D, R, Src::NK, NW, kFragBytes, NS, false};
 };
@@ -414,7 +440,8 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
   float* shift_s = reinterpret_cast<float*>(smem + S.shift_off());
   int* limit_s = reinterpret_cast<int*>(smem + S.limit_off());
   uint2* qf_s = reinterpret_cast<uint2*>(smem + S.frag_off());
-  int* qmax_s = reinterpret_cast<int*>(smem + S.frag_off() + std::size_t(KS) * Cfg::kMaxSplits * 32 * 8);
+  int* qmax_s = reinterpret_cast<int*>(smem + S.frag_off() + Cfg::kQmaxOff);
+  float4* bias_s = reinterpret_cast<float4*>(smem + S.frag_off() + Cfg::kBiasOff);
 
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const RowTile tile = row_tile(a, R);
@@ -451,6 +478,25 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
     for (int p = 0; p < Splits; ++p) qf_s[(ks * Splits + p) * 32 + lane] = uint2{b0[p], b1[p]};
   }
   __syncthreads();
+  if constexpr (kQuant && Splits == 1) {
+    // −1024·Σb over each key group's k-steps, per row n (B column n: lanes 4n … 4n + 3).
+    // The fp16 values sum in fp64 (exactly, up to 2^-50 relative) and round once to fp32.
+    constexpr int KSG = KS / NK;
+    for (int item = threadIdx.x; item < R * NK; item += NW * 32) {
+      const int n = item % R, grp = item / R;
+      double sum = 0;
+      for (int ks = grp * KSG; ks < (grp + 1) * KSG; ++ks)
+        for (int l = 4 * n; l < 4 * n + 4; ++l) {
+          const uint2 b = qf_s[ks * 32 + l];
+          sum += double(warp::op_value<Operand>(b.x & 0xffffu)) + double(warp::op_value<Operand>(b.x >> 16)) +
+                 double(warp::op_value<Operand>(b.y & 0xffffu)) + double(warp::op_value<Operand>(b.y >> 16));
+        }
+      // Lane quarter t holds rows 2t, 2t + 1 as {c0, c1, c2, c3} = {2t, 2t+1, 2t, 2t+1}.
+      float* q4 = reinterpret_cast<float*>(bias_s + grp * 4 + n / 2);
+      q4[n % 2] = q4[n % 2 + 2] = static_cast<float>(-1024.0 * sum);
+    }
+    __syncthreads();
+  }
 
   // 2. This split's tokens. This lane's rows are 2t and 2t + 1.
   int tb, te;
@@ -502,7 +548,7 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
       s[mt][0] = s[mt][1] = s[mt][2] = s[mt][3] = 0.f;
-      Ops::template logits<Splits>(kc, km, mt, qf_s, qsum, qup, s[mt]);
+      Ops::template logits<Splits>(kc, km, mt, qf_s, bias_s, qsum, qup, s[mt]);
     }
     if (vcur != KVQ_FULL_MASK || t0 + 31 > lim_real) {  // warp-uniform
 #pragma unroll

@@ -173,6 +173,13 @@ inline Status validate_table_shape(const PageTableView& t, int layout_page_size,
   return {};
 }
 
+// The decode kernels address inside a page with 32-bit offsets.
+inline Status validate_page_bytes(std::size_t page_bytes, const char* who) {
+  KVQ_CHECK_ARG(page_bytes < (std::size_t{1} << 32), StatusCode::unsupported,
+                std::string(who) + ": pages of 4 GiB or more are not supported (page_size × heads too large)");
+  return {};
+}
+
 template <class Params>
 Status validate_decode_shape(const Params& p, const PageTableView& t, int num_kv_heads, int total_q,
                              int max_q_per_seq, const char* who) {
@@ -267,6 +274,7 @@ Status validate(const DecodeArgs<P, QT, OT>& a, DecodePlan& plan) {
   KVQ_CHECK_ARG(reinterpret_cast<std::uintptr_t>(a.cache.pool) % 16 == 0, invalid_argument,
                 "cuda attention: cache pool must be 16-byte aligned (128-bit loads)");
   KVQ_RETURN_IF_ERROR(detail::validate_table_shape(a.table, a.cache.layout.page_size, "cuda attention"));
+  KVQ_RETURN_IF_ERROR(detail::validate_page_bytes(a.cache.layout.page_bytes(), "cuda attention"));
   KVQ_RETURN_IF_ERROR(detail::validate_decode_shape(a.params, a.table, a.cache.layout.num_kv_heads, a.total_q,
                                                     a.max_q_per_seq, "cuda attention"));
   KVQ_CHECK_ARG(!a.params.rotated_output || !P.value.centered, invalid_argument,
@@ -283,6 +291,7 @@ Status validate(const DenseDecodeArgs<T, D, QT, OT>& a, DecodePlan& plan) {
   KVQ_CHECK_ARG(reinterpret_cast<std::uintptr_t>(a.pool) % 16 == 0, invalid_argument,
                 "cuda dense attention: pool must be 16-byte aligned (128-bit loads)");
   KVQ_RETURN_IF_ERROR(detail::validate_table_shape(a.table, a.layout.page_size, "cuda dense attention"));
+  KVQ_RETURN_IF_ERROR(detail::validate_page_bytes(a.layout.page_bytes(), "cuda dense attention"));
   KVQ_RETURN_IF_ERROR(detail::validate_decode_shape(a.params, a.table, a.layout.num_kv_heads, a.total_q,
                                                     a.max_q_per_seq, "cuda dense attention"));
   KVQ_RETURN_IF_ERROR(make_decode_plan(a.shape(), plan));
