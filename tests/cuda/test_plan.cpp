@@ -283,6 +283,9 @@ TEST(CudaValidate, Decode) {
   b.max_q_per_seq = 0;
   EXPECT_FALSE(validate(b, plan).ok());
   b = a;
+  b.cache.layout.num_kv_heads = 1 << 22;  // 7.3 GiB pages: the kernels' in-page offsets are 32-bit
+  EXPECT_NE(validate(b, plan).message().find("4 GiB"), std::string::npos);
+  b = a;
   b.params.out = nullptr;
   EXPECT_FALSE(validate(b, plan).ok());
 
@@ -315,6 +318,9 @@ TEST(CudaValidate, DenseDecode) {
   a.total_q = 2;
   DecodePlan plan;
   EXPECT_TRUE(validate(a, plan).ok());
+  auto b = a;
+  b.layout.num_kv_heads = 1 << 20;  // 8 GiB pages
+  EXPECT_NE(validate(b, plan).message().find("4 GiB"), std::string::npos);
   a.layout.page_size = 8;
   EXPECT_FALSE(validate(a, plan).ok());
 }
