@@ -265,12 +265,13 @@ int compare_decode_rows(const std::vector<T>& out, const std::vector<float>& lse
 // key_row / value_row(b, t, h, x, lo, s) write token t's dequantized stored-basis row,
 // each element's group minimum and |scale| (0 for 16-bit pages); to_stored(q, h) turns a
 // query row into q·R_K. Returns the largest error/bound ratio (< 1 passes); empty rows
-// must be 0.
+// must be 0. Rows whose reference has NaN (a visible NaN logit, a weighted NaN value
+// group) must have NaN in exactly the same elements; nan_rows counts them.
 template <int D, ActivationType T, class ToStored, class KeyRow, class ValueRow>
 double check_fast_bound(const PageTableView& table, const std::vector<T>& q, const std::vector<std::int32_t>& q_indptr,
                         int hq, int hkv, const std::int32_t* causal_offset, ToStored&& to_stored, KeyRow&& key_row,
                         ValueRow&& value_row, const std::vector<T>& out, const std::string& what,
-                        double u = 0x1p-11, double kappa = 0) {
+                        double u = 0x1p-11, double kappa = 0, int* nan_rows = nullptr) {
   const int group = hq / hkv;
   const double tau_log2e = 1.0 / std::sqrt(double(D)) / std::log(2.0);
   double worst = 0;
@@ -306,9 +307,17 @@ double check_fast_bound(const PageTableView& table, const std::vector<T>& q, con
           l += logit[t];
           for (int d = 0; d < D; ++d) o[d] += logit[t] * vrow[std::size_t(t) * D + d];
         }
+        if (visible)
+          for (int d = 0; d < D; ++d) o[d] /= l;
+        if (std::any_of(o.begin(), o.end(), [](double x) { return std::isnan(x); })) {
+          if (nan_rows) ++*nan_rows;
+          bool same = true;
+          for (int d = 0; d < D; ++d) same = same && std::isnan(to_float(out[row * D + d])) == std::isnan(o[d]);
+          if (!same && ++bad <= 5) ADD_FAILURE() << what << ": row " << row << " NaN pattern differs";
+          continue;
+        }
         double err = 0, norm = 0, bound = 0;
         for (int d = 0; d < D; ++d) {
-          if (visible) o[d] /= l;
           double bd = 0;
           for (int t = 0; t < visible; ++t)
             bd += logit[t] / l * (std::log(2.0) * code_part[t] * std::abs(vrow[std::size_t(t) * D + d] - o[d]) + vcode[std::size_t(t) * D + d]);
@@ -336,7 +345,7 @@ template <Policy P, ActivationType T>
 double check_fast_bound(const std::byte* pool, const PageLayout<P>& layout, const PageTableView& table,
                         const std::vector<T>& q, const std::vector<std::int32_t>& q_indptr, int hq,
                         const std::int32_t* causal_offset, const RotationParams& rot, const std::vector<T>& out,
-                        const std::string& what) {
+                        const std::string& what, int* nan_rows = nullptr) {
   static_assert(!P.value.centered, "stored-basis outputs need un-centered values");
   constexpr int D = P.head_dim;
   std::vector<float> scratch(D);
@@ -361,7 +370,7 @@ double check_fast_bound(const std::byte* pool, const PageLayout<P>& layout, cons
         row.template operator()<P.value>(layout.value_codes(page(b, t), h, slot),
                                          layout.value_meta_bytes(page(b, t), h, slot), x, lo, sc);
       },
-      out, what, 0x1p-11, cuda::kFastKeyBiasKappa<P>);
+      out, what, 0x1p-11, cuda::kFastKeyBiasKappa<P>, nan_rows);
 }
 
 // check_fast_bound for 16-bit pages (lo = 0, no rotation).

@@ -132,7 +132,7 @@ void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel ke
   if (fast) {
     if constexpr (!P.value.centered)
       check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, c.explicit_offset ? off.data() : nullptr,
-                       rot.host(), dout.download(), "fast tensor-core, splits " + std::to_string(c.splits));
+                       rot.host(), dout.download(), "fast tensor-core, splits " + std::to_string(c.splits), nan_rows);
     return;
   }
   const int nans = compare_decode_rows(dout.download(), dlse.download(), out_ref, lse_ref, D,
@@ -288,14 +288,17 @@ TEST(CudaDecode, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
   nan.keys = {{0, 0}, {1, 39}};
   nan.values = {{3, 49}};
   constexpr Policy P = presets::K2V2_HC.with_head_dim(128);
+  using enum cuda::DecodeKernel;
+  using enum cuda::DecodePrecision;
   for (const int splits : {1, 2})
-    for (const auto kernel : {cuda::DecodeKernel::simt, cuda::DecodeKernel::tensor_core}) {
-      if (kernel == cuda::DecodeKernel::tensor_core && !tensor_cores_present()) continue;
-      const DecodeCase c{1, 4, 16, {1, 40, 70, 50}, {1, 2, 1, 2}, splits, false, false};
-      int nan_rows = 0;
-      check_decode<P, half_t>(c, 95, kernel, nan, &nan_rows);
-      EXPECT_EQ(nan_rows, 4 * 3) << "splits " << splits;
-    }
+    for (const auto [kernel, precision] : {std::pair{simt, exact}, {tensor_core, exact}, {tensor_core, fast}})
+      for (const int page : {16, 64}) {  // per-token staging; whole tiles of one page
+        if (kernel == tensor_core && !tensor_cores_present()) continue;
+        const DecodeCase c{1, 4, page, {1, 40, 70, 50}, {1, 2, 1, 2}, splits, false, false};
+        int nan_rows = 0;
+        check_decode<P, half_t>(c, 95, kernel, nan, &nan_rows, precision);
+        EXPECT_EQ(nan_rows, 4 * 3) << "splits " << splits << ", page " << page;
+      }
 }
 
 TEST(CudaDevice, ReportsWhetherADeviceExists) {

@@ -262,9 +262,11 @@ void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
     if constexpr (P.value.centered) {
       ADD_FAILURE() << "the fast-mode check compares stored-basis outputs: it needs un-centered values";
     } else {
+      int nans = 0;
       const double ratio = check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, off, rot.host(), out,
-                                            "fast " + what);
+                                            "fast " + what, &nans);
       if (run.bound_ratio) *run.bound_ratio = std::max(*run.bound_ratio, ratio);
+      if (run.nan_rows) *run.nan_rows = nans;
     }
     return;
   }
@@ -337,6 +339,7 @@ const std::vector<Case>& cases() {
       {1, 8, 16, {100, 33}, {3, 1}, 2, true, false},
       {1, 4, 256, {200}, {2}, 2, false, true},
       {2, 4, 24, {77, 50}, {1, 2}, 9, false, false},  // page size not a power of two, empty splits
+      {2, 4, 32, {64, 96}, {2, 3}, 1, false, false},  // whole last tiles that some rows see only in part
   };
   return c;
 }
@@ -600,13 +603,17 @@ TEST(CudaEmulated, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
   nan.keys = {{0, 0}, {1, 39}};
   nan.values = {{3, 49}};
   constexpr Policy P = presets::K4V2_HC.with_head_dim(128);
+  using enum cuda::DecodeKernel;
+  using enum cuda::DecodePrecision;
   for (const int splits : {1, 2})
-    for (const auto kernel : {cuda::DecodeKernel::simt, cuda::DecodeKernel::tensor_core}) {
-      const Case c{1, 4, 16, {1, 40, 70, 50}, {1, 2, 1, 2}, splits, false, false};
-      int nan_rows = 0;
-      check_decode<P, half_t>(c, 95, {.kernel = kernel, .nan = nan, .nan_rows = &nan_rows});
-      EXPECT_EQ(nan_rows, 4 * 3) << "splits " << splits;  // 4 query heads × (seq 0, seq 1's second, seq 3's second)
-    }
+    for (const auto [kernel, precision] : {std::pair{simt, exact}, {tensor_core, exact}, {tensor_core, fast}})
+      for (const int page : {16, 64}) {  // per-token staging; whole tiles of one page
+        const Case c{1, 4, page, {1, 40, 70, 50}, {1, 2, 1, 2}, splits, false, false};
+        int nan_rows = 0;
+        check_decode<P, half_t>(c, 95, {.kernel = kernel, .precision = precision, .nan = nan, .nan_rows = &nan_rows});
+        EXPECT_EQ(nan_rows, 4 * 3) << "splits " << splits << ", page " << page;  // 4 query heads × (seq 0,
+                                                                                 // seq 1's second, seq 3's second)
+      }
 }
 // A page index outside the pool (sequence 0's first page) is skipped and flagged, by both
 // kernels and both staging paths (pages of 64: one page per warp tile; 16: per token).
