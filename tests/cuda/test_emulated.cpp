@@ -606,7 +606,7 @@ TEST(CudaEmulated, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
   using enum cuda::DecodeKernel;
   using enum cuda::DecodePrecision;
   for (const int splits : {1, 2})
-    for (const auto [kernel, precision] : {std::pair{simt, exact}, {tensor_core, exact}, {tensor_core, fast}})
+    for (const auto& [kernel, precision] : {std::pair{simt, exact}, {tensor_core, exact}, {tensor_core, fast}})
       for (const int page : {16, 64}) {  // per-token staging; whole tiles of one page
         const Case c{1, 4, page, {1, 40, 70, 50}, {1, 2, 1, 2}, splits, false, false};
         int nan_rows = 0;

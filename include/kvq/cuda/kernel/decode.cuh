@@ -799,7 +799,9 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
   const int u = lane / LPTV, d0 = (lane % LPTV) * VD;
 
   // Two-stage pipeline over this warp's tiles t0 = tb + 32·w, step 32·NW.
-  // The page is read at issue time: a register more (PageAhead) spills R = 4 at d 128.
+  // The page is read at issue time; reading it a tile ahead (PageAhead) is for the
+  // tensor-core kernel: this one is bound by its fp32 arithmetic (K4V2 read its bytes at
+  // 19–20% of the copy figure on the H200).
   auto issue = [&](int i, int t_begin) -> unsigned {
     if (t_begin >= te) return 0u;
     const int pg = tile.whole_tiles ? tile.pages[page_slot_index(tile, a.table.page_size, t_begin)] : -1;
