@@ -123,61 +123,70 @@ void time_loop(benchmark::State& state, F&& launch, int reps = 5) {
   time_events(state, nullptr, [&] { for (int r = 0; r < reps; ++r) launch(); }, reps);
 }
 
+// `reps` calls of launch(stream) captured once into a CUDA graph on a stream of its own;
+// false when the capture fails.
+struct CapturedGraph {
+  cudaStream_t stream = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  template <class F>
+  CapturedGraph(F&& launch, int reps) {
+    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+      stream = nullptr;
+      return;
+    }
+    cudaGraph_t graph;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return;
+    for (int r = 0; r < reps; ++r) launch(stream);
+    if (cudaStreamEndCapture(stream, &graph) != cudaSuccess) return;
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) exec = nullptr;
+    cudaGraphDestroy(graph);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  explicit operator bool() const { return exec != nullptr; }
+  void replay() const { cudaGraphLaunch(exec, stream); }
+};
+
 // Times `launch(stream)` replayed from a CUDA graph of `reps` launches: the device time of
 // a small kernel without the host's launch cost (an engine captures its decode step in a
 // graph; host-launched, a 64-token append measures the launch rate, not the kernel).
 template <class F>
 void time_graph(benchmark::State& state, F&& launch, int reps = 20) {
-  cudaStream_t stream;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int r = 0; r < reps; ++r) launch(stream);
-  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
-  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  time_events(state, stream, [&] { cudaGraphLaunch(exec, stream); }, reps);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  const CapturedGraph g(launch, reps);
+  if (!g) {
+    const std::string why = cudaGetErrorString(cudaGetLastError());
+    return state.SkipWithError(("CUDA graph capture failed: " + why).c_str());
+  }
+  time_events(state, g.stream, [&] { g.replay(); }, reps);
 }
 
-// Device time per launch of `launch(stream)` without the host's cost: `reps` launches
-// replayed from a CUDA graph, the best of 5 replays after one warm-up (µs; NaN when the
-// capture fails). The decode benchmarks report it beside their host-launched time, which
-// is what the torch peer measures.
+// Device time per launch of `launch(stream)` without the host's cost, as time_graph
+// measures it, for a benchmark that times host launches: the best of 5 replays after one
+// warm-up (µs; NaN when the capture fails). The decode benchmarks report it beside their
+// host-launched time, which is what the torch peer measures.
 template <class F>
 double graph_us(F&& launch, int reps = 20) {
-  cudaStream_t stream;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return NAN;
   double best = NAN;
-  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
-    for (int r = 0; r < reps; ++r) launch(stream);
-    if (cudaStreamEndCapture(stream, &graph) == cudaSuccess) {
-      if (cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
-        cudaEvent_t start, stop;
-        cudaEventCreate(&start);
-        cudaEventCreate(&stop);
-        cudaGraphLaunch(exec, stream);
-        for (int i = 0; i < 5; ++i) {
-          cudaEventRecord(start, stream);
-          cudaGraphLaunch(exec, stream);
-          cudaEventRecord(stop, stream);
-          cudaEventSynchronize(stop);
-          float ms = 0.f;
-          if (cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && !(ms * 1e3 / reps >= best))
-            best = ms * 1e3 / reps;
-        }
-        cudaEventDestroy(start);
-        cudaEventDestroy(stop);
-        cudaGraphExecDestroy(exec);
-      }
-      cudaGraphDestroy(graph);
+  if (const CapturedGraph g(launch, reps); g) {
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    g.replay();
+    for (int i = 0; i < 5; ++i) {
+      cudaEventRecord(start, g.stream);
+      g.replay();
+      cudaEventRecord(stop, g.stream);
+      cudaEventSynchronize(stop);
+      float ms = 0.f;
+      if (cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && !(ms * 1e3 / reps >= best)) best = ms * 1e3 / reps;
     }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
   }
-  cudaStreamDestroy(stream);
   cudaGetLastError();  // a failed capture is reported as NaN, not carried into the next benchmark
   return best;
 }
