@@ -13,6 +13,14 @@ endif()
 
 find_package(Threads REQUIRED)
 
+# kvq_optimize_under_sanitizers(): the sanitizer build compiles at -O0
+# (cmake/presets/asan.cmake); the calling directory's targets, whose tests run long, at -O1.
+macro(kvq_optimize_under_sanitizers)
+  if(KVQ_SANITIZE)
+    add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-O1>)
+  endif()
+endmacro()
+
 # kvq_add_test(<name> SOURCES <src>... [LIBS <lib>...] [PREFIX <ctest name prefix>])
 # One GoogleTest executable, registered with CTest test by test.
 function(kvq_add_test name)
