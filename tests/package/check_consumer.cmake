@@ -21,9 +21,7 @@ foreach(mode find_package find_package_components add_subdirectory)
   if(NOT mode STREQUAL "find_package")
     list(APPEND programs consumer_calib)
   endif()
-  # Unoptimized (no build type, no -O): the test is about packaging, and the Eigen-heavy
-  # consumer_calib took most of this test's ~4 minutes at -O3 on CI's 2 cores.
-  run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${work}/${mode} -DCMAKE_BUILD_TYPE=
+  run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${work}/${mode} -DCMAKE_BUILD_TYPE=Release
       -DCMAKE_CXX_COMPILER=${CXX} ${extra})
   run(${CMAKE_COMMAND} --build ${work}/${mode})
   foreach(p ${programs})
