@@ -33,7 +33,11 @@
 // extensions and unroll pragmas there, and plain loops elsewhere.
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
 #define KVQ_GNU_HOST 1
+#if defined(__OPTIMIZE__)
 #define KVQ_UNROLL _Pragma("GCC unroll 16")
+#else  // unoptimized (the -O0 sanitizer build): GCC would warn that it ignores the pragma
+#define KVQ_UNROLL
+#endif
 #else
 #define KVQ_GNU_HOST 0
 #define KVQ_UNROLL
