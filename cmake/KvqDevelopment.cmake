@@ -25,13 +25,18 @@ macro(kvq_optimize_under_sanitizers)
   endif()
 endmacro()
 
-# kvq_add_test(<name> SOURCES <src>... [LIBS <lib>...] [PREFIX <ctest name prefix>])
-# One GoogleTest executable, registered with CTest test by test.
+# kvq_add_test(<name> SOURCES <src>... [LIBS <lib>...] [PREFIX <ctest name prefix>] [UNITY])
+# One GoogleTest executable, registered with CTest test by test. UNITY compiles its sources
+# as one translation unit: for Eigen-heavy tests whose files share most instantiations
+# (the calibration's eigensolvers and GEMMs), which then compile once instead of per file.
 function(kvq_add_test name)
-  cmake_parse_arguments(ARG "" "PREFIX" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "UNITY" "PREFIX" "SOURCES;LIBS" ${ARGN})
   find_package(GTest REQUIRED)
   include(GoogleTest)
   add_executable(${name} ${ARG_SOURCES})
+  if(ARG_UNITY)
+    set_target_properties(${name} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 0)
+  endif()
   target_link_libraries(${name} PRIVATE kvq::kvq kvq_dev_flags GTest::gtest_main Threads::Threads ${ARG_LIBS})
   target_compile_definitions(${name} PRIVATE KVQ_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data")
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 TEST_PREFIX "${ARG_PREFIX}" PROPERTIES LABELS "${ARG_LABELS}")

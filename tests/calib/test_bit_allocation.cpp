@@ -62,6 +62,30 @@ TEST(BitAllocation, NormReport) {
   EXPECT_TRUE(std::isnan(norm_report(a).wk_fro));
 }
 
+// W = Q1·diag(s)·Q2ᵀ with random orthogonal Q = exp(skew(G)): wide, tall and square shapes and
+// clustered top singular values (the Gram route must still resolve σ_max).
+TEST(BitAllocation, SpectralNormOfKnownSingularValues) {
+  std::mt19937 rng(11);
+  std::normal_distribution<double> N(0, 1);
+  auto orthogonal = [&](int n) {
+    MatD G(n, n);
+    for (int i = 0; i < n * n; ++i) G.data()[i] = N(rng);
+    return expm(skew(G));
+  };
+  for (auto [rows, cols] : {std::pair{64, 96}, std::pair{96, 64}, std::pair{48, 48}}) {
+    const int k = std::min(rows, cols);
+    const MatD Q1 = orthogonal(rows), Q2 = orthogonal(cols);
+    VecD s(k);
+    for (int i = 0; i < k; ++i) s[i] = 7.25 * (1.0 - 1e-3 * i) / (1 + 0.01 * i * i);
+    const MatD W = Q1.leftCols(k) * s.asDiagonal() * Q2.leftCols(k).transpose();
+    const std::vector<float> w(W.data(), W.data() + W.size());  // row-major, fp32
+    // fp32 rounding moves each singular value by ≤ ‖ΔW‖₂ ≲ 1e-5.
+    const auto [spec, fro] = spectral_and_frobenius(w.data(), rows, cols);
+    EXPECT_NEAR(spec, 7.25, 1e-5) << rows << "x" << cols;
+    EXPECT_NEAR(fro, s.norm(), 1e-5) << rows << "x" << cols;
+  }
+}
+
 TEST(BitAllocation, MeasuredErrorFallsWithBits) {
   const auto a = synth::synthetic_layer(0, 2, 96, 2, 2, 64, 16, 4);
   OptRConfig cfg;

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include <Eigen/SVD>
+#include <Eigen/Eigenvalues>
 
 #include "kvq/calib/activations.hpp"
 #include "kvq/calib/base_rotation.hpp"
@@ -38,11 +38,18 @@ struct NormReport {
 };
 
 // Largest singular value and Frobenius norm of a row-major [rows, cols] matrix.
+// σ_max² is the largest eigenvalue of the smaller Gram matrix (MᵀM or MMᵀ): its absolute
+// error is ~ε·σ_max², so σ_max keeps ~full fp64 relative precision. The eigensolver is the
+// one base_rotation.hpp already instantiates; an SVD would add ~30 s of g++ time to every
+// translation unit that includes this header.
 inline std::pair<double, double> spectral_and_frobenius(const float* w, int rows, int cols) {
-  Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> M(w, rows, cols);
-  const Eigen::MatrixXd Md = M.cast<double>();
-  Eigen::BDCSVD<Eigen::MatrixXd> svd(Md);
-  return {svd.singularValues()(0), Md.norm()};
+  const MatD M = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(w, rows, cols)
+                     .cast<double>();
+  const MatD gram = rows <= cols ? mm_nt(M, M) : mm_tn(M, M);  // fixed-order products
+  Eigen::SelfAdjointEigenSolver<MatD> es(gram, Eigen::EigenvaluesOnly);
+  if (es.info() != Eigen::Success)
+    throw Error(StatusCode::invalid_argument, "calib: spectral norm did not converge");
+  return {std::sqrt(std::max(0.0, es.eigenvalues().maxCoeff())), M.norm()};
 }
 
 // w_k, w_v: optional projection weights (any orientation, e.g. [Hkv·d, D]); pass
