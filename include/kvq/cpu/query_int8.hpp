@@ -308,18 +308,38 @@ struct Int8Query {
   }
 
   // score_block on AVX2: per token the codes are unpacked once, each row's lane sums
-  // come from vpmaddubsw + vpmaddwd, and the 8-lane factors of 8 tokens are reduced
-  // together by one transpose (sum_lanes_8x8).
+  // come from vpmaddubsw, added in int16 across the chunks that share lanes (|pair| ≤
+  // 2·127·(2^b − 1), so up to four chunks cannot overflow) before one vpmaddwd, and the
+  // 8-lane factors of 8 tokens are reduced together by one transpose (sum_lanes_8x8).
+  // When lanes L and L + 8 carry the same group (32-byte or 16-byte slabs: 2-bit keys at
+  // d ≤ 128, 4-bit at d 64), all chunks go into one int16 sum and the fp32 factors are
+  // applied to 8 lanes instead of 16 (a summation order only).
+  static constexpr bool kFold8 = [] {
+    for (int lane = 0; lane < 8; ++lane)
+      if (kLaneGroup[lane] != kLaneGroup[lane + 8]) return false;
+    return true;
+  }();
   template <MetaType M>
   KVQ_FORCE_INLINE void score_block_avx2(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta,
                                          int rows, float (*s)[kTokensPerBlock]) const {
-    constexpr int kChunks = D / 32;
+    constexpr int kChunks = D / 32, kPairMax = 2 * 127 * ((1 << Bits) - 1);
+    static_assert((kFold8 ? kChunks : kChunks / 2) * kPairMax <= 32767, "kvq: int16 pre-sums would overflow");
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i s_index[2], lo_index[2];
     for (int a = 0; a < 2; ++a) {
       s_index[a] = _mm256_load_si256(reinterpret_cast<const __m256i*>(kScaleIndex.data() + 8 * a));
       lo_index[a] = _mm256_add_epi32(s_index[a], _mm256_set1_epi32(1));
     }
+    // Folded factors: σ is the same in lanes L and L + 8; μR and Σq' (split evenly over a
+    // group's lanes) add.
+    struct Folded {
+      __m256 sigma, residual, group_sum;
+    };
+    Folded folded[kFold8 ? kMaxRowsPerPass : 1];
+    if constexpr (kFold8)
+      for (int r = 0; r < rows; ++r)
+        folded[r] = {_mm256_load_ps(sigma[r]), _mm256_add_ps(_mm256_load_ps(residual[r]), _mm256_load_ps(residual[r] + 8)),
+                     _mm256_add_ps(_mm256_load_ps(group_sum[r]), _mm256_load_ps(group_sum[r] + 8))};
     FloatVec<8> partial[kMaxRowsPerPass][8];  // [row][token of the 8]
     for (int j0 = 0; j0 < n; j0 += 8) {
       const int m = n - j0 < 8 ? n - j0 : 8;
@@ -331,16 +351,31 @@ struct Int8Query {
         __m256i c[kChunks];
         KVQ_UNROLL for (int z = 0; z < kChunks; ++z) c[z] = code_chunk_avx2(codes[j0 + j], z);
         const __m256 meta8 = load_meta_avx2<M>(meta[j0 + j]);
+        auto products = [&](int r, int z) {
+          return _mm256_maddubs_epi16(c[z], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * z)));
+        };
+        if constexpr (kFold8) {
+          const __m256 s8 = _mm256_permutevar8x32_ps(meta8, s_index[0]), lo8 = _mm256_permutevar8x32_ps(meta8, lo_index[0]);
+          for (int r = 0; r < rows; ++r) {
+            __m256i pairs = products(r, 0);
+            KVQ_UNROLL for (int z = 1; z < kChunks; ++z) pairs = _mm256_add_epi16(pairs, products(r, z));
+            const __m256 code_term = fmadd_avx2(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones)), folded[r].sigma,
+                                                folded[r].residual);
+            partial[r][j] = FloatVec<8>(fmadd_avx2(code_term, s8, _mm256_mul_ps(lo8, folded[r].group_sum)));
+          }
+          continue;
+        }
         __m256 s_vec[2], lo_vec[2];
         KVQ_UNROLL for (int a = 0; a < 2; ++a) {
           s_vec[a] = _mm256_permutevar8x32_ps(meta8, s_index[a]);
           lo_vec[a] = _mm256_permutevar8x32_ps(meta8, lo_index[a]);
         }
         for (int r = 0; r < rows; ++r) {
-          __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-          KVQ_UNROLL for (int z = 0; z < kChunks; ++z) {
-            const __m256i pairs = _mm256_maddubs_epi16(c[z], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * z)));
-            acc[z % 2] = _mm256_add_epi32(acc[z % 2], _mm256_madd_epi16(pairs, ones));  // lanes (8z) mod 16
+          __m256i acc[2];
+          KVQ_UNROLL for (int a = 0; a < 2; ++a) {  // lanes 8a .. 8a + 7: chunks z ≡ a (mod 2)
+            __m256i pairs = products(r, a);
+            KVQ_UNROLL for (int z = a + 2; z < kChunks; z += 2) pairs = _mm256_add_epi16(pairs, products(r, z));
+            acc[a] = _mm256_madd_epi16(pairs, ones);
           }
           __m256 f = _mm256_setzero_ps();
           KVQ_UNROLL for (int a = 0; a < 2; ++a) {
