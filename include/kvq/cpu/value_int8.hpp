@@ -259,15 +259,8 @@ struct Int8ValueBlock {
       negative |= _mm256_movemask_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ)) | _mm256_movemask_ps(_mm256_cmp_ps(b, zero, _CMP_LT_OQ));
       lanes[h] = (pv[h] * lv[h] + pv[h + 2] * lv[h + 2]) + float(kMid) * (a + b);
     }
-    // fold_lanes16's halving order: lane k with k + 8, then k + 4, k + 2, k + 1.
-    V m = big[1] > big[0] ? big[1] : big[0];
-    V x = __builtin_shufflevector(m, m, 4, 5, 6, 7, 4, 5, 6, 7);
-    m = x > m ? x : m;
-    x = __builtin_shufflevector(m, m, 2, 3, 2, 3, 2, 3, 2, 3);
-    m = x > m ? x : m;
-    x = __builtin_shufflevector(m, m, 1, 1, 1, 1, 1, 1, 1, 1);
-    m = x > m ? x : m;
-    const float top = m[0];
+    // fold_lanes16's halving order (lane k with k + 8, then k + 4, k + 2, k + 1) and select.
+    const float top = max_lanes<8>(big[1] > big[0] ? big[1] : big[0]);
     const float b = sum_lanes<8>(lanes[0] + lanes[1]);
     const float inv = top > 0.f ? 255.f / top : 0.f;
     sigma[r][g] = top / 255.f;
