@@ -97,8 +97,12 @@ void add_windows(CLI::App* app, Common& c) {
       ->check(CLI::ExistingFile);
   app->add_option("--layers", c.layers, "comma-separated layer ids, or 'all'")->capture_default_str();
   app->add_option("--prefix", c.cfg.prefix, "exact sink tokens per sequence")->capture_default_str();
-  app->add_option("--recent", c.cfg.recent, "exact recent tokens per sequence")->capture_default_str();
-  app->add_option("--qwin", c.cfg.qwin, "query positions per sequence (the last ones)")->capture_default_str();
+  app->add_option("--recent", c.cfg.recent, "exact recent tokens of the cache each query sees")->capture_default_str();
+  app->add_option("--qwin", c.cfg.qwin, "query positions per sequence, the last at its end")->capture_default_str();
+  app->add_option("--qstride", c.cfg.qstride, "spacing of the query positions (1 = the last qwin tokens, 0 = spread over those that see quantized keys)")
+      ->capture_default_str();
+  app->add_option("--qblock", c.cfg.qblock, "tokens appended and attended at a time (1 = token-by-token decode)")
+      ->capture_default_str();
   app->add_option("--chunk", c.chunk, "split sequences into chunks of this many tokens (0 = keep)");
   app->add_option("--threads", c.threads, "OpenMP threads (0 = runtime default)");
 }
@@ -123,10 +127,10 @@ int run_optr(Common& c, const std::string& policy_name, const std::string& out, 
   else if (param == "riemannian") c.cfg.param = Parameterization::riemannian;
   else throw kvq::Error(kvq::StatusCode::invalid_argument, "--param must be exp or riemannian");
   fmt::print("policy {} = {}\nOptR: base {}, {}, {} steps ({} for V), lr {}, lambda {}, k-token {}, v-token {}, "
-             "v-uniform {}, margin {}, windows {}/{}/{}, rope-shift {}\n",
+             "v-uniform {}, margin {}, windows {}/{}/{}x{}/{}, rope-shift {}\n",
              policy_name, kvq::to_string(P), base, param, c.cfg.steps, c.cfg.v_steps >= 0 ? c.cfg.v_steps : c.cfg.steps,
              c.cfg.lr, c.cfg.lambda, c.cfg.k_token, c.cfg.v_token, c.cfg.v_uniform, c.cfg.margin, c.cfg.prefix,
-             c.cfg.recent, c.cfg.qwin, c.cfg.rope_shift);
+             c.cfg.recent, c.cfg.qwin, c.cfg.qstride, c.cfg.qblock, c.cfg.rope_shift);
   const auto t0 = std::chrono::steady_clock::now();
   const auto res = calibrate(ls, calibrated, c.cfg, [](const LayerResult& l) {
     int kk = 0, vk = 0;

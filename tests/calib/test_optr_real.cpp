@@ -119,11 +119,12 @@ TEST(OptRReal, ArtifactDoesNotDependOnTheThreadCount) {
 
 }  // namespace
 
-// The artifact drives the deployed host cache: the same held-out sequence, appended to
-// a kvq::HostKVCache<K2V2_R> with the artifact's μ_K, R_K, R_V (sink 64, recent 256,
-// flush 1, so exactly the calibration's tokens are quantized), gives a lower post-W_O
-// error with the OptR rotations than with the base rotations, and the calibration's
-// fp64 error model predicts the deployed error.
+// The artifact drives the deployed host cache: the same held-out sequence, decoded token
+// by token through a kvq::HostKVCache<K2V2_R> with the artifact's μ_K, R_K, R_V (sink 64,
+// recent 256, flush 1, so each query sees exactly the tokens the calibration's windows
+// quantize for it), gives a lower post-W_O error at the calibration's query positions with
+// the OptR rotations than with the base rotations, and the calibration's fp64 error model
+// predicts the deployed error.
 TEST(OptRReal, ArtifactDrivesTheHostCache) {
   if (!std::filesystem::exists(kFixture)) GTEST_SKIP() << "fixture missing: " << kFixture;
   auto layers = read_activations(kFixture, {15});
@@ -133,8 +134,10 @@ TEST(OptRReal, ArtifactDrivesTheHostCache) {
   cfg.steps = 0;
   const Artifact base = make_artifact(calibrate(layers, kP, cfg), kP, cfg, "test");
   const int d = a.head_dim, hq = a.hq, hkv = a.hkv, g = a.group_size();
-  const int ns = a.n_seq(), t0 = static_cast<int>(a.seq_offsets[ns - 1]), L = static_cast<int>(a.seq_offsets[ns]) - t0;
-  const int nq = cfg.qwin;
+  const int ns = a.n_seq(), t0 = static_cast<int>(a.seq_offsets[ns - 1]);
+  ASSERT_EQ(cfg.qblock, 1) << "the default windows model token-by-token decode";
+  int nq = 0, m = 0;
+  const detail::SeqWin w = detail::make_windows(extract_head(a, 0, ns - 1, ns), cfg, &nq, &m).at(0);
   auto deployed_error = [&](const Artifact& art) {
     kvq::HostCacheOptions o;
     o.num_kv_heads = hkv;
@@ -142,20 +145,23 @@ TEST(OptRReal, ArtifactDrivesTheHostCache) {
     o.sink_tokens = cfg.prefix;
     o.recent_tokens = cfg.recent;
     o.flush_block = 1;
-    o.max_query_tokens = nq;
+    o.max_query_tokens = 1;
     kvq::HostKVCache<kP> cache(o, layer_params<kP>(art, a.layer));
-    cache.append(a.k.data() + static_cast<std::size_t>(t0) * hkv * d, a.v.data() + static_cast<std::size_t>(t0) * hkv * d, L);
     std::vector<float> out(static_cast<std::size_t>(nq) * hq * d);
-    const float* q = a.q.data() + static_cast<std::size_t>(t0 + L - nq) * hq * d;
-    cache.attend(q, nq, out.data());
+    const std::size_t row = static_cast<std::size_t>(hkv) * d;
+    for (int i = 0; i < nq; ++i) {  // decode up to query position i, then attend it
+      const int p = w.query_pos(i), n = p + 1 - cache.size();
+      cache.append(a.k.data() + (t0 + cache.size()) * row, a.v.data() + (t0 + cache.size()) * row, n);
+      cache.attend(a.q.data() + static_cast<std::size_t>(t0 + p) * hq * d, 1, out.data() + std::size_t(i) * hq * d);
+    }
     // Exact reference in fp64 and the post-W_O error, averaged like the calibration's.
     double err = 0;
     for (int h = 0; h < hkv; ++h) {
       const HeadData hd = extract_head(a, h, ns - 1, ns);
       for (int j = 0; j < g; ++j)
         for (int i = 0; i < nq; ++i) {
-          const int n = L - nq + i + 1;
-          Eigen::RowVectorXd z = (1.0 / std::sqrt(double(d))) * hd.Q[j].row(L - nq + i) * hd.K.topRows(n).transpose();
+          const int n = w.visible(i);
+          Eigen::RowVectorXd z = (1.0 / std::sqrt(double(d))) * hd.Q[j].row(n - 1) * hd.K.topRows(n).transpose();
           z.array() -= z.maxCoeff();
           z = z.array().exp().matrix();
           const Eigen::RowVectorXd ref = (z / z.sum()) * hd.V.topRows(n);

@@ -139,7 +139,9 @@ inline Artifact make_artifact(const std::vector<LayerResult>& results, const Pol
   Artifact a;
   a.policy = policy;
   a.info = {{"prefix", std::to_string(cfg.prefix)}, {"recent", std::to_string(cfg.recent)},
-            {"qwin", std::to_string(cfg.qwin)},     {"steps", std::to_string(cfg.steps)},
+            {"qwin", std::to_string(cfg.qwin)},     {"qstride", std::to_string(cfg.qstride)},
+            {"qblock", std::to_string(cfg.qblock)},
+            {"steps", std::to_string(cfg.steps)},
             {"v_steps", std::to_string(cfg.v_steps >= 0 ? cfg.v_steps : cfg.steps)},
             {"lr", std::to_string(cfg.lr)},         {"lambda", std::to_string(cfg.lambda)},
             {"margin", std::to_string(cfg.margin)}, {"base", to_string(cfg.base)},

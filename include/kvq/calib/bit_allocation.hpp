@@ -5,7 +5,7 @@
 //    Counts" predicts ‖W_K‖ > ‖W_V‖, i.e. key error is amplified more than value error.
 // 2. Measured error: for each candidate policy, the per-layer post-W_O attention
 //    error with keys and values quantized exactly as deployed (exact prefix/recent
-//    windows, last-qwin causal queries): mean over query heads j, positions t of
+//    windows, OptR's causal query positions; optr/windows.hpp): mean over query heads j, positions t of
 //    ‖(p̃_t·V̂ − p_t·V)·W_jᵀ‖² / D.
 // 3. Allocation: choose one candidate per layer minimizing Σ_layers error subject to
 //    mean bits/element (metadata included) ≤ budget — a multiple-choice knapsack,
@@ -124,9 +124,10 @@ inline double head_output_error(const HeadData& hd, const Policy& p, const HeadT
     const int m = s.qe - s.qb;
     const MatD Vs = hd.V.middleRows(s.begin, s.len);
     for (int j = 0; j < g; ++j, ++idx) {
-      // Exact attention, then p̃ on all columns: exact columns need p̃ too.
-      const MatD Qw = hd.Q[j].middleRows(s.begin + s.len - s.nq, s.nq);
-      MatD Z = tau * Qw * hd.K.middleRows(s.begin, s.len).transpose();
+      // Exact attention, then p̃ on all columns: exact columns need p̃ too. Query i sees
+      // columns [qb, quantized_end(i)) quantized and the rest of [0, visible(i)) exact.
+      const MatD Qw = detail::gather_queries(hd.Q[j], s);
+      const MatD Z = tau * Qw * hd.K.middleRows(s.begin, s.len).transpose();
       MatD Zq = Z;
       if (m > 0) {
         MatD Khat = RotatedQuant::forward(
@@ -135,18 +136,20 @@ inline double head_output_error(const HeadData& hd, const Policy& p, const HeadT
         Khat.rowwise() += t.mu_k.transpose();
         Zq.middleCols(s.qb, m) = tau * Qw * Khat.transpose();
       }
-      MatD Vh = Vs;
-      if (m > 0) Vh.middleRows(s.qb, m) = Vhat.middleRows(s.qrow, m);
       MatD delta(s.nq, d);
       for (int i = 0; i < s.nq; ++i) {
-        const int n = s.len - s.nq + i + 1;
-        auto softmax = [&](const MatD& z) {
-          Eigen::RowVectorXd r = z.row(i).head(n);
+        const int n = s.visible(i), qn = s.quantized_end(i) - s.qb;
+        auto softmax = [&](Eigen::RowVectorXd r) {
           r.array() -= r.maxCoeff();
           r = r.array().exp().matrix();
           return Eigen::RowVectorXd(r / r.sum());
         };
-        delta.row(i) = softmax(Zq) * Vh.topRows(n) - softmax(Z) * Vs.topRows(n);
+        Eigen::RowVectorXd zq = Z.row(i).head(n);
+        zq.segment(s.qb, qn) = Zq.row(i).segment(s.qb, qn);
+        const Eigen::RowVectorXd pq = softmax(zq);
+        Eigen::RowVectorXd out = pq * Vs.topRows(n);
+        out += pq.segment(s.qb, qn) * (Vhat.middleRows(s.qrow, qn) - Vs.middleRows(s.qb, qn));
+        delta.row(i) = out - softmax(Z.row(i).head(n)) * Vs.topRows(n);
       }
       const MatD Wd = delta * hd.W[j].transpose();  // [nq, D]
       err += Wd.squaredNorm() / static_cast<double>(hd.W[j].rows());

@@ -3,9 +3,10 @@
 // For each (layer, KV head) the rotation R = R0·exp(A − Aᵀ) is learned through the
 // whole quantize → attention → W_O path, first for keys (values exact), then for
 // values (keys quantized with the chosen R_K). Only the tokens that deployment
-// quantizes are quantized here: per sequence, the first `prefix` and last `recent`
-// tokens stay exact, and the loss is measured on the last `qwin` query positions
-// under a causal mask. Rounding uses the straight-through estimator of DESIGN §6.3
+// quantizes are quantized here: per sequence, the first `prefix` tokens and the `recent`
+// latest tokens of the cache each query sees (appended `qblock` at a time) stay exact, and
+// the loss is measured on `qwin` query positions `qstride` apart, the last at the
+// sequence's end, under a causal mask. Rounding uses the straight-through estimator of DESIGN §6.3
 // (clip threshold frozen, gradient to the group's extremes through the scale, rounding
 // residual δ held; optr/rotated_quant.hpp); gradients are hand-written and equal the
 // exact gradient of its frozen surrogate (tests/calib checks that against finite

@@ -30,7 +30,15 @@ inline const char* to_string(Parameterization p) {
 struct OptRConfig {
   int prefix = 64;       // exact attention-sink tokens at the start of each sequence
   int recent = 256;      // exact recent tokens at the end of each sequence
-  int qwin = 64;         // query positions used (the last qwin of each sequence)
+  int qwin = 64;         // query positions used per sequence, the last at its end
+  // Spacing of those positions: 1 = the last qwin tokens; 0 = spread over the positions that
+  // see quantized keys, max(1, ⌊(len − prefix − recent) / qwin⌋) per sequence.
+  int qstride = 1;
+  // Tokens appended and attended at a time (optr/windows.hpp): a query sees the recent
+  // window as it stands after its block. 1 = token-by-token decode (measured better on
+  // SmolLM2 than 64, examples/smollm2's prefill blocks, with which the last 64 queries of a
+  // 1024-token sequence all see [prefix, len − recent) quantized: the rule until 2026-12-05).
+  int qblock = 1;
   int steps = 80;        // Adam steps per phase; 0 = base rotations only
   // Adam steps of the V phase; −1 = steps. 0 keeps the base V rotation (learned keys only:
   // on SmolLM2 the learned V rotations cost most of 8K passkey retrieval, examples/smollm2).
@@ -58,6 +66,8 @@ struct OptRConfig {
     auto bad = [](const std::string& m) { throw Error(StatusCode::invalid_argument, "calib: " + m); };
     if (prefix < 0 || recent < 0) bad("prefix and recent must be >= 0");
     if (qwin <= 0) bad("qwin must be > 0");
+    if (qstride < 0) bad("qstride must be >= 0 (0 = spread)");
+    if (qblock <= 0) bad("qblock must be > 0");
     if (steps < 0) bad("steps must be >= 0");
     if (v_steps < -1) bad("v_steps must be >= 0, or -1 for steps");
     if (eval_every <= 0) bad("eval_every must be > 0");

@@ -24,7 +24,7 @@ namespace kvq::calib {
 // plus γ·½τ²·mean_t Δk_t·C_Q·Δk_tᵀ (γ = cfg.k_token, 0 by default = DESIGN §6.3), the mean
 // squared logit error of each quantized key over all calibration queries, C_Q = E[q·qᵀ]
 // over every position and query head. The KL weighs a key's error by the attention the
-// last qwin training queries give it; this term weighs every key alike, so that keys those
+// training queries give it; this term weighs every key alike, so that keys those
 // queries ignore (and a later query may look up) do not pay for the attended ones.
 //
 // Only the m quantized key columns change with R, so everything the exact columns
@@ -134,7 +134,8 @@ class KPhase {
 
  private:
   // What the exact columns contribute, per (sequence, query head). Row i is query
-  // position len − nq + i; it sees tokens [0, len − nq + i].
+  // position s.query_pos(i); it sees tokens [0, s.visible(i)), of them [qb, s.quantized_end(i))
+  // quantized. A stacked column the query sees exact (in its recent window) is masked.
   struct Exact {
     MatD Qw;    // [nq, d] queries
     VecD c;     // [nq] max exact visible logit (0 when none is visible)
@@ -152,12 +153,10 @@ class KPhase {
     MatD pV;   // [nq, d] p̃·V
   };
 
-  static int visible(const detail::SeqWin& s, int i) { return s.len - s.nq + i + 1; }
-
   Exact precompute(const HeadData& hd, const detail::SeqWin& s, int j) const {
     Exact e;
     const int m = s.qe - s.qb;
-    e.Qw = hd.Q[j].middleRows(s.begin + s.len - s.nq, s.nq);
+    e.Qw = detail::gather_queries(hd.Q[j], s);
     const MatD Ks = hd.K.middleRows(s.begin, s.len), Vs = hd.V.middleRows(s.begin, s.len);
     const MatD Z = tau_ * mm_nt(e.Qw, Ks);  // [nq, len]
     e.c = VecD::Zero(s.nq);
@@ -169,7 +168,7 @@ class KPhase {
     const MatD P = [&] {
       MatD p = MatD::Zero(s.nq, s.len);
       for (int i = 0; i < s.nq; ++i) {
-        const int n = visible(s, i);
+        const int n = s.visible(i);
         const double mx = Z.row(i).head(n).maxCoeff();
         double sum = 0;
         for (int t = 0; t < n; ++t) sum += p(i, t) = std::exp(Z(i, t) - mx);
@@ -179,16 +178,16 @@ class KPhase {
     }();
     e.pV = mm(P, Vs);
     for (int i = 0; i < s.nq; ++i) {
-      const int n = visible(s, i);
+      const int n = s.visible(i), qend = s.quantized_end(i);
       double c = -std::numeric_limits<double>::infinity();
       for (int t = 0; t < n; ++t)
-        if (t < s.qb || t >= s.qe) c = std::max(c, Z(i, t));
+        if (t < s.qb || t >= qend) c = std::max(c, Z(i, t));
       if (!std::isfinite(c)) c = 0;  // no exact column visible: sx stays 0
       e.c[i] = c;
       for (int t = 0; t < n; ++t) {
         const double pl = P(i, t) > 0 ? dmul(P(i, t), std::log(P(i, t))) : 0.0;
         e.h[i] += pl;
-        if (t >= s.qb && t < s.qe) {
+        if (t >= s.qb && t < qend) {
           e.Pq(i, t - s.qb) = P(i, t);
           e.mask(i, t - s.qb) = 1;
         } else {
