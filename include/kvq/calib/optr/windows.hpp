@@ -3,10 +3,10 @@
 // `recent` latest tokens of the cache *as each query sees it*: tokens are appended and
 // attended `qblock` at a time (a prefill chunk; 1 = token-by-token decode), so the query at
 // position p sees quantized keys [prefix, e − recent) with e = p + 1 rounded up to a multiple
-// of qblock (at most len), as the host cache does. The loss uses `qwin` query positions spaced
-// `qstride` apart (0: spread over the positions that see quantized keys), the last at the
-// sequence's end. The rows any query sees quantized,
-// [prefix, len − recent), are stacked over all sequences.
+// of qblock (at most len, and never past p), as the host cache does. The loss uses `qwin`
+// query positions spaced `qstride` apart (0: spread over the positions that see quantized
+// keys), the last at the sequence's end. The rows any query sees quantized, [prefix,
+// len − recent), are stacked over all sequences.
 #pragma once
 
 #include <algorithm>
