@@ -6,8 +6,8 @@
 // whole sequence.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
-#include <random>
 
 #include "kvq/calib/bit_allocation.hpp"
 #include "kvq/calib/optr.hpp"
@@ -16,6 +16,19 @@
 using namespace kvq::calib;
 
 namespace {
+
+// Two 48-token sequences of one KV head with two query heads, d = 16; sink 4, recent 6.
+const HeadData kHead = extract_head(synth::synthetic_layer(0, 2, 48, 1, 2, 16, 24, 21), 0);
+
+OptRConfig windows_config(int qwin, int qstride, int qblock) {
+  OptRConfig cfg;
+  cfg.prefix = 4;
+  cfg.recent = 6;
+  cfg.qwin = qwin;
+  cfg.qstride = qstride;
+  cfg.qblock = qblock;
+  return cfg;
+}
 
 struct Direct {
   double k_loss = 0;    // KL(p ‖ p̃) + λ/D·‖(p̃ − p)·V·W_jᵀ‖², keys quantized, values exact
@@ -76,14 +89,9 @@ Direct direct_losses(const HeadData& hd, const OptRConfig& c, const MatD& Khat, 
 }
 
 void expect_phases_match_direct(int qstride, int qblock) {
-  const LayerActivations layer = synth::synthetic_layer(0, 2, 48, 1, 2, 16, 24, 21);
-  const HeadData hd = extract_head(layer, 0);
-  OptRConfig cfg;
-  cfg.prefix = 4;
-  cfg.recent = 6;
-  cfg.qwin = 14;  // with qstride 3 the first query is position 8, which sees nothing quantized
-  cfg.qstride = qstride;
-  cfg.qblock = qblock;
+  const HeadData& hd = kHead;
+  // qwin 14: with qstride 3 the first query is position 8, which sees nothing quantized.
+  const OptRConfig cfg = windows_config(14, qstride, qblock);
   const kvq::QuantSpec kspec{2, 16, kvq::Rotation::dense, true, 960, kvq::MetaType::fp16, 0};
   const kvq::QuantSpec vspec{2, 16, kvq::Rotation::dense, false, 920, kvq::MetaType::fp16, 0};
   const VecD mu = hd.K.colwise().mean().transpose(), nu = hd.V.colwise().mean().transpose();
@@ -125,14 +133,8 @@ TEST(OptRWindows, PhasesMatchDirectAttentionInBlocks) {
 }
 
 TEST(OptRWindows, QueryPositionsAndQuantizedRanges) {
-  const LayerActivations layer = synth::synthetic_layer(0, 2, 48, 1, 2, 16, 24, 21);
-  const HeadData hd = extract_head(layer, 0);
-  OptRConfig cfg;
-  cfg.prefix = 4;
-  cfg.recent = 6;
-  cfg.qwin = 20;
-  cfg.qstride = 5;
-  cfg.qblock = 1;
+  const HeadData& hd = kHead;
+  OptRConfig cfg = windows_config(20, 5, 1);
   int nq = 0, m = 0;
   const auto w = detail::make_windows(hd, cfg, &nq, &m);
   ASSERT_EQ(w.size(), 2u);
