@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -41,6 +42,25 @@ TEST(FakeQuant, BitIdenticalToDeploymentQuantizer) {
   expect_matches_deployment<QuantSpec{4, 32, Rotation::none, false, 1000, MetaType::fp16, 0}>(3);
   expect_matches_deployment<QuantSpec{8, 128, Rotation::none, false, 1000, MetaType::bf16, 0}>(4);
   expect_matches_deployment<QuantSpec{2, 16, Rotation::none, false, 500, MetaType::fp32, 0}>(5);
+}
+
+// The O(G) selection against the reference's rank counting, bit for bit, on groups full
+// of ties and signed zeros (where the index tie-break decides the threshold's sign), for
+// both selection paths: few elements above the rank (insertion) and many (nth_element).
+TEST(FakeQuant, ClipThresholdIsTheReferenceRankValue) {
+  std::mt19937 rng(9);
+  const float pool[] = {0.f, -0.f, 1.f, -1.f, 2.f, -2.f, 0.5f, 3.f};
+  std::normal_distribution<float> N(0.f, 1.f);
+  for (const auto& [group, clip] : {std::pair{32, 960}, {64, 920}, {16, 500}, {128, 500}, {128, 920}, {256, 990}}) {
+    const QuantSpec s{2, group, Rotation::none, false, clip, MetaType::fp16, 0};
+    const int rank = kvq::clip_rank(group, clip);
+    for (int trial = 0; trial < 300; ++trial) {
+      std::vector<float> x(group);
+      for (auto& v : x) v = trial % 3 == 2 ? N(rng) : pool[rng() % (trial % 3 == 0 ? 2 : 8)];
+      const float want = kvq::kth_smallest_abs(x.data(), group, rank), got = kvq::calib::clip_threshold(s, x.data());
+      ASSERT_EQ(kvq::float_bits(got), kvq::float_bits(want)) << "group " << group << " clip " << clip << " trial " << trial;
+    }
+  }
 }
 
 TEST(FakeQuant, NonFiniteGroupBecomesNaN) {

@@ -113,6 +113,8 @@ TEST(FixedOrder, BlocksAndStridesWriteEveryElementAndNothingElse) {
 
 TEST(FixedOrder, MismatchedShapesAndEmptyProducts) {
   EXPECT_THROW(kvq::calib::mm(MatD::Zero(3, 4), MatD::Zero(5, 2)), kvq::Error);
+  MatD wrong(3, 3);
+  EXPECT_THROW(kvq::calib::gemm_into(MatD::Zero(3, 4), Trans::none, MatD::Zero(4, 2), Trans::none, wrong), kvq::Error);
   EXPECT_EQ(kvq::calib::mm(MatD::Zero(3, 0), MatD::Zero(0, 2)), MatD::Zero(3, 2));
   EXPECT_EQ(kvq::calib::mm(MatD::Zero(0, 4), MatD::Zero(4, 2)).rows(), 0);
 }

@@ -3,11 +3,14 @@
 // way, one query at a time over all of its visible tokens, with the sink exact and the
 // cache's `recent` latest tokens exact as the query sees the cache (tokens appended qblock at
 // a time), for query positions 1, 2 (spread) and 3 tokens apart and blocks of 1, 8 and the
-// whole sequence.
+// whole sequence. The products that skip what a band of queries cannot see are checked
+// bit for bit against the full ones.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <random>
 
 #include "kvq/calib/bit_allocation.hpp"
 #include "kvq/calib/optr.hpp"
@@ -130,6 +133,44 @@ TEST(OptRWindows, PhasesMatchDirectAttentionInBlocks) {
   expect_phases_match_direct(1, 8);
   expect_phases_match_direct(3, 8);
   expect_phases_match_direct(3, 64);  // one block: every query sees [prefix, len − recent)
+}
+
+// The products restricted to what each band of queries sees (windows.hpp) give the full
+// products' bits: what they skip are +0 terms, and each band's columns past its rows'
+// own views are exactly the masked ones.
+TEST(OptRWindows, SeenProductsHaveTheFullProductsBits) {
+  int nq = 0, m = 0;
+  const auto w = detail::make_windows(kHead, windows_config(20, 2, 1), &nq, &m);
+  const detail::SeqWin& s = w[1];
+  ASSERT_EQ(s.nq, 20);  // bands of rows [0, 8), [8, 16), [16, 20)
+  const int mq = s.qe - s.qb;
+  const auto bands = detail::query_bands(s);
+  ASSERT_EQ(bands.size(), 3u);
+  EXPECT_EQ(bands.back().cols, mq);
+  EXPECT_LT(bands.front().cols, bands.back().cols);
+  std::mt19937 rng(7);
+  std::normal_distribution<double> N(0, 1);
+  const auto random = [&](int r, int c) {
+    MatD x(r, c);
+    for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = N(rng);
+    return x;
+  };
+  MatD P = random(s.nq, mq);  // masked past each query's view, as the phases' blocks are
+  for (int i = 0; i < s.nq; ++i) P.row(i).tail(mq - s.seen(i)).setZero();
+  const MatD X = random(mq, 16), Y = random(s.nq, 16), A = random(s.nq, 16), B = random(16, mq);
+  const auto same_bits = [](const MatD& a, const MatD& b) {
+    return a.rows() == b.rows() && a.cols() == b.cols() &&
+           std::memcmp(a.data(), b.data(), sizeof(double) * static_cast<std::size_t>(a.size())) == 0;
+  };
+  EXPECT_TRUE(same_bits(detail::seen_product(P, X, s), mm(P, X)));
+  EXPECT_TRUE(same_bits(detail::seen_product_tn(P, Y, s), mm_tn(P, Y)));
+  const MatD full = mm(A, B), seen = detail::seen_columns(A, B, s);
+  for (const detail::QueryBand& b : bands)
+    for (int i = b.r0; i < b.r1; ++i) {
+      ASSERT_LE(s.seen(i), b.cols);
+      for (int t = 0; t < mq; ++t)
+        ASSERT_EQ(seen(i, t), t < b.cols ? full(i, t) : 0.0) << i << "," << t;
+    }
 }
 
 TEST(OptRWindows, QueryPositionsAndQuantizedRanges) {

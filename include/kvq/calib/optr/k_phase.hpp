@@ -30,7 +30,9 @@ namespace kvq::calib {
 // Only the m quantized key columns change with R, so everything the exact columns
 // contribute is precomputed once per (sequence, query head): their log-sum-exp
 // reference, Σ exp(z − c)·v, and the p-weighted terms of the KL. A step then costs
-// O(nq·m·d) instead of O(nq·len·d).
+// O(nq·m·d) instead of O(nq·len·d), and about half that where the queries are spread
+// over the sequence: the products skip the columns a band of queries does not see yet
+// (windows.hpp, query_bands), with the full products' bits.
 class KPhase {
  public:
   KPhase(const HeadData& hd, const VecD& mu, const QuantSpec& spec, const OptRConfig& cfg)
@@ -71,8 +73,7 @@ class KPhase {
   // quantizer by its surrogate (whose exact gradient the STE gradient equals).
   double loss(const MatD& R, MatD* dLdR = nullptr, const QuantSte* frozen = nullptr) const {
     const RotatedQuant rq = RotatedQuant::forward(Kc_, R, spec_, frozen);
-    MatD Khat = rq.recon;
-    Khat.rowwise() += mu_.transpose();  // k̂ = x̂·Rᵀ + μ
+    const MatD KhatT = dequantized_keys_transposed(rq);
     MatD GK;
     if (dLdR) GK = MatD::Zero(m_, d_);
     const double wq = 1.0 / (g_ * static_cast<double>(nq_total_));
@@ -83,7 +84,7 @@ class KPhase {
       const int m = s.qe - s.qb;
       for (int j = 0; j < g_; ++j, ++e_idx) {
         const Exact& e = exact_[e_idx];
-        const Attn at = attend(e, s, Khat.middleRows(s.qrow, m));
+        const Attn at = attend(e, s, KhatT.middleCols(s.qrow, m));
         const MatD A = at.pV - e.pV;  // (p̃ − p)·V   [nq, d]
         const MatD AM = mm(A, M_[j]);
         double kl = 0;
@@ -93,14 +94,14 @@ class KPhase {
           // ∂/∂z̃_q: KL gives wq·(p̃ − p); the shift term gives p̃⊙(G·vᵀ − G·(p̃V)) with
           // G = 2·wshift·A·M (softmax backward).
           const MatD G = (2.0 * wshift) * AM;
-          const MatD gp = mm(G, VqT_.middleCols(s.qrow, m));  // [nq, m]
-          MatD dz(s.nq, m);
+          const MatD gp = detail::seen_columns(G, VqT_.middleCols(s.qrow, m), s);  // [nq, m]
+          MatD dz = MatD::Zero(s.nq, m);  // +0 where the query does not see the column
           for (int i = 0; i < s.nq; ++i) {
             const double dot = row_dot(G, at.pV, i);
-            for (int t = 0; t < m; ++t)
+            for (int t = 0; t < s.seen(i); ++t)
               dz(i, t) = dmul(wq, at.Pq(i, t) - e.Pq(i, t)) + dmul(at.Pq(i, t), gp(i, t) - dot);
           }
-          add_scaled(tau_, mm_tn(dz, e.Qw), GK.middleRows(s.qrow, m));
+          add_scaled(tau_, detail::seen_product_tn(dz, e.Qw, s), GK.middleRows(s.qrow, m));
         }
       }
     }
@@ -118,14 +119,12 @@ class KPhase {
   // p̃ restricted to the quantized columns under R_K, one [nq, m] block per
   // (sequence, query head), sequence-major: what the V phase weighs ΔV by.
   std::vector<MatD> quantized_probs(const MatD& R) const {
-    const RotatedQuant rq = RotatedQuant::forward(Kc_, R, spec_);
-    MatD Khat = rq.recon;
-    Khat.rowwise() += mu_.transpose();
+    const MatD KhatT = dequantized_keys_transposed(RotatedQuant::forward(Kc_, R, spec_));
     std::vector<MatD> out;
     std::size_t e_idx = 0;
     for (const detail::SeqWin& s : win_)
       for (int j = 0; j < g_; ++j, ++e_idx)
-        out.push_back(attend(exact_[e_idx], s, Khat.middleRows(s.qrow, s.qe - s.qb)).Pq);
+        out.push_back(attend(exact_[e_idx], s, KhatT.middleCols(s.qrow, s.qe - s.qb)).Pq);
     return out;
   }
 
@@ -135,20 +134,20 @@ class KPhase {
  private:
   // What the exact columns contribute, per (sequence, query head). Row i is query
   // position s.query_pos(i); it sees tokens [0, s.visible(i)), of them [qb, s.quantized_end(i))
-  // quantized. A stacked column the query sees exact (in its recent window) is masked.
+  // quantized: the first s.seen(i) stacked columns. A stacked column past them (in the
+  // query's recent window, or not yet appended) is masked: +0 in every [nq, m] block.
   struct Exact {
     MatD Qw;    // [nq, d] queries
     VecD c;     // [nq] max exact visible logit (0 when none is visible)
     VecD sx;    // [nq] Σ_exact exp(z − c)
     MatD Ex;    // [nq, d] Σ_exact exp(z − c)·v
     VecD h;     // [nq] Σ p·log p − Σ_exact p·z
-    MatD Pq;    // [nq, m] exact p on the quantized columns (0 where masked)
+    MatD Pq;    // [nq, m] exact p on the quantized columns (+0 where masked)
     MatD pV;    // [nq, d] exact p·V
-    MatD mask;  // [nq, m] 1 where the quantized column is visible
   };
   struct Attn {
-    MatD Zq;   // [nq, m] quantized-key logits (0 where masked)
-    MatD Pq;   // [nq, m] p̃ on quantized columns (0 where masked)
+    MatD Zq;   // [nq, m] quantized-key logits (+0 where masked)
+    MatD Pq;   // [nq, m] p̃ on quantized columns (+0 where masked)
     VecD lse;  // [nq] log-normalizer of p̃
     MatD pV;   // [nq, d] p̃·V
   };
@@ -164,7 +163,6 @@ class KPhase {
     e.h = VecD::Zero(s.nq);
     e.Ex = MatD::Zero(s.nq, d_);
     e.Pq = MatD::Zero(s.nq, m);
-    e.mask = MatD::Zero(s.nq, m);
     const MatD P = [&] {
       MatD p = MatD::Zero(s.nq, s.len);
       for (int i = 0; i < s.nq; ++i) {
@@ -189,7 +187,6 @@ class KPhase {
         e.h[i] += pl;
         if (t >= s.qb && t < qend) {
           e.Pq(i, t - s.qb) = P(i, t);
-          e.mask(i, t - s.qb) = 1;
         } else {
           const double w = std::exp(Z(i, t) - c);
           e.sx[i] += w;
@@ -201,32 +198,38 @@ class KPhase {
     return e;
   }
 
-  // Attention with the quantized keys Khat_q [m, d] in the quantized columns.
-  Attn attend(const Exact& e, const detail::SeqWin& s, const Eigen::Ref<const MatD>& Khat_q) const {
+  // k̂ = x̂·Rᵀ + μ of every quantized row, transposed   [d, m_total]
+  MatD dequantized_keys_transposed(const RotatedQuant& rq) const {
+    MatD Khat = rq.recon;
+    Khat.rowwise() += mu_.transpose();
+    return detail::transposed(Khat);
+  }
+
+  // Attention with the quantized keys, KhatT_q [d, m] transposed, in the quantized columns.
+  Attn attend(const Exact& e, const detail::SeqWin& s, const Eigen::Ref<const MatD>& KhatT_q) const {
     const int m = s.qe - s.qb;
     Attn a;
-    a.Zq = m > 0 ? MatD(tau_ * mm_nt(e.Qw, Khat_q)) : MatD::Zero(s.nq, 0);
+    a.Zq = detail::seen_columns(e.Qw, KhatT_q, s);
+    a.Zq *= tau_;
     a.Pq = MatD::Zero(s.nq, m);
     a.lse = VecD::Zero(s.nq);
     a.pV = MatD::Zero(s.nq, d_);
     for (int i = 0; i < s.nq; ++i) {
+      const int seen = s.seen(i);  // quantized columns this query sees
       const bool has_exact = e.sx[i] > 0;
       double mx = has_exact ? e.c[i] : -std::numeric_limits<double>::infinity();
-      for (int t = 0; t < m; ++t)
-        if (e.mask(i, t) > 0) mx = std::max(mx, a.Zq(i, t));
+      for (int t = 0; t < seen; ++t) mx = std::max(mx, a.Zq(i, t));
       double total = has_exact ? dmul(e.sx[i], std::exp(e.c[i] - mx)) : 0.0;
-      for (int t = 0; t < m; ++t)
-        if (e.mask(i, t) > 0) {
-          a.Pq(i, t) = std::exp(a.Zq(i, t) - mx);
-          total += a.Pq(i, t);
-        } else {
-          a.Zq(i, t) = 0;
-        }
+      for (int t = 0; t < seen; ++t) {
+        a.Pq(i, t) = std::exp(a.Zq(i, t) - mx);
+        total += a.Pq(i, t);
+      }
+      a.Zq.row(i).tail(m - seen).setZero();  // its band's product may have filled them
       a.lse[i] = mx + std::log(total);
-      a.Pq.row(i) /= total;
+      a.Pq.row(i).head(seen) /= total;
       if (has_exact) a.pV.row(i) = std::exp(e.c[i] - a.lse[i]) * e.Ex.row(i);
     }
-    if (m > 0) a.pV += mm(a.Pq, Vq_.middleRows(s.qrow, m));
+    a.pV += detail::seen_product(a.Pq, Vq_.middleRows(s.qrow, m), s);
     return a;
   }
 

@@ -71,10 +71,10 @@ class VPhase {
       const int m = s.qe - s.qb;
       for (int j = 0; j < g_; ++j, ++idx) {
         if (m == 0) continue;
-        const MatD B = mm(P_[idx], dV.middleRows(s.qrow, m));  // p̃·ΔV   [nq, d]
+        const MatD B = detail::seen_product(P_[idx], dV.middleRows(s.qrow, m), s);  // p̃·ΔV   [nq, d]
         const MatD BM = mm(B, M_[j]);
         total += dmul(w_, sum_product(BM, B));
-        if (dLdR) add_scaled(2.0 * w_, mm_tn(P_[idx], BM), G.middleRows(s.qrow, m));
+        if (dLdR) add_scaled(2.0 * w_, detail::seen_product_tn(P_[idx], BM, s), G.middleRows(s.qrow, m));
         if (gamma_ > 0) {  // γ·Σ_t c_t·ΔV_t·M_j·ΔV_tᵀ; its gradient 2γ·c_t·ΔV_t·M_j (M_j symmetric)
           MatD C = dV.middleRows(s.qrow, m);  // rows scaled by their attention mass   [m, d]
           for (int t = 0; t < m; ++t) C.row(t) *= mass_[idx][t];
