@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <utility>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kvq/calib/fake_quant.hpp"
