@@ -337,6 +337,8 @@ BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_R.with_clip(1000, 1000)>)->Args(
 BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_R>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);  // values clipped
 BENCHMARK(BM_AppendQuantized<kvq::presets::K2V2_R>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);  // keys and values clipped
 BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_HC.with_clip(960, 920)>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_HC>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);  // values clipped
+BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_HC.with_clip(1000, 1000)>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);  // K4V2_HC until 2026-12-05
 BENCHMARK(BM_Fwht<64>)->Arg(0)->Arg(1);
 BENCHMARK(BM_Fwht<128>)->Arg(0)->Arg(1);
 BENCHMARK(BM_Fwht<256>)->Arg(0)->Arg(1);

@@ -17,7 +17,7 @@ namespace {
 constexpr kvq::presets::NamedPolicy kVariants[] = {
     {"K2V2_R:vclip=1000", kvq::presets::K2V2_R.with_clip(960, 1000)},
     {"K4V2_HC:kclip=960:vclip=920", kvq::presets::K4V2_HC.with_clip(960, 920)},
-    {"K4V2_HC:vclip=920", kvq::presets::K4V2_HC.with_clip(1000, 920)},
+    {"K4V2_HC:vclip=1000", kvq::presets::K4V2_HC.with_clip(1000, 1000)},  // K4V2_HC until 2026-12-05
     {"K2V2_HC:vclip=920", kvq::presets::K2V2_HC.with_clip(1000, 920)},
     {"K4V2_R:kclip=960", kvq::presets::K4V2_R.with_clip(960, 920)},  // K4V2_R until 2026-12-04
 };

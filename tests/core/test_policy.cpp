@@ -45,6 +45,9 @@ TEST(Policy, PresetRecipes) {
   EXPECT_EQ(presets::K4V2_HC.key.rotation, Rotation::hadamard);
   EXPECT_TRUE(presets::K4V2_HC.key.centered);
   EXPECT_FALSE(presets::K4V2_HC.value.centered);
+  EXPECT_EQ(presets::K4V2_HC.key.clip_permille, 1000);  // 2-bit values clipped, 4-bit keys not
+  EXPECT_EQ(presets::K4V2_HC.value.clip_permille, 920);
+  EXPECT_EQ(presets::K2V2_HC.value.clip_permille, 1000);
   EXPECT_EQ(presets::K2V2_R.key.clip_permille, 960);
   EXPECT_EQ(presets::K2V2_R.value.clip_permille, 920);
   EXPECT_EQ(presets::K2V2_R.value.rotation, Rotation::dense);
@@ -72,6 +75,10 @@ TEST(Policy, ParsesSpellings) {
   Policy p{};
   ASSERT_TRUE(parse_policy("K4V2_HC", p).ok());
   EXPECT_EQ(p, presets::K4V2_HC);
+  ASSERT_TRUE(parse_policy("K4V2_HC:vclip=1000", p).ok());  // the preset before 2026-12-05
+  Policy unclipped = presets::K4V2_H;
+  unclipped.key.centered = true;
+  EXPECT_EQ(p, unclipped);
   ASSERT_TRUE(parse_policy("K2V2_R:vclip=1000", p).ok());
   EXPECT_EQ(p, presets::K2V2_R.with_clip(960, 1000));
   ASSERT_TRUE(parse_policy("K4V2_HC:vclip=920:kclip=1", p).ok());

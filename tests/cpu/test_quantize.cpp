@@ -4,8 +4,11 @@
 // signed zeros, fp16 saturation, ranges below the metadata's resolution).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -93,16 +96,59 @@ TEST(CpuQuantize, GroupQuantizerIsBitIdenticalToTheScalarOne) {
   check_quantize_row<spec(4, 64, fp32), 256>();
   check_quantize_row<spec(8, 128, bf16), 256>();
   // Clipping: the threshold selected a group per lane (detail::clip_rows) against the
-  // scalar all-pairs ranking.
+  // scalar all-pairs ranking; kept lists of 2 and 4 keys (insertion), 5–16 (sorted
+  // blocks of 16 merged bitonically, with and without +∞ slots), 17 (bit by bit).
   check_quantize_row<spec(4, 32, fp16, 960), 128>();
   check_quantize_row<spec(2, 32, fp16, 900), 128>();
   check_quantize_row<spec(2, 128, fp16, 920), 128>();
   check_quantize_row<spec(4, 64, bf16, 850), 256>();
   check_quantize_row<spec(2, 16, fp32, 700), 64>();
-  check_quantize_row<spec(4, 128, fp16, 875), 128>();  // 16 kept keys: the longest insertion list
+  check_quantize_row<spec(2, 64, fp16, 920), 64>();    // 6 kept keys (K4V2_HC's values at d 64)
+  check_quantize_row<spec(4, 32, fp16, 780), 128>();   // 8: two sorted blocks, no +∞ slots
+  check_quantize_row<spec(4, 128, fp16, 875), 128>();  // 16 kept keys: the longest list
   check_quantize_row<spec(2, 128, fp16, 868), 128>();  // 17: selected bit by bit
   check_quantize_row<spec(4, 128, fp16, 1), 128>();    // rank 0: the smallest |x|
 }
+
+#if KVQ_CPU_APPEND_SIMD
+// The clip selection's networks on scalars: the sort network sorts every 0/1 input of 16
+// (so every input, by the 0-1 principle), and the merge keeps the K largest of two
+// descending lists, sorted, for random lists with many ties.
+TEST(CpuQuantize, SelectionNetworksSortAndMerge) {
+  using kvq::cpu::detail::kBitonicMerge;
+  using kvq::cpu::detail::kSortNetwork;
+  using kvq::cpu::detail::run_network;
+  for (int bits = 0; bits < (1 << 16); ++bits) {
+    int v[16];
+    for (int i = 0; i < 16; ++i) v[i] = (bits >> i) & 1;
+    run_network<kSortNetwork<16>>(v);
+    for (int i = 1; i < 16; ++i) ASSERT_GE(v[i - 1], v[i]) << "input " << bits;
+  }
+  std::mt19937 rng(11);
+  auto check = [&]<int K>() {
+    constexpr int P = int(std::bit_ceil(unsigned(K)));
+    for (int trial = 0; trial < 2000; ++trial) {
+      std::vector<int> a(K), b(K);
+      for (int i = 0; i < K; ++i) a[i] = int(rng() % 9), b[i] = int(rng() % 9);
+      std::sort(a.begin(), a.end(), std::greater<>());
+      std::sort(b.begin(), b.end(), std::greater<>());
+      int merged[P] = {};
+      for (int i = 0; i < K; ++i) merged[i] = std::max(a[i], b[K - 1 - i]);
+      run_network<kBitonicMerge<K>>(merged);
+      std::vector<int> both = a;
+      both.insert(both.end(), b.begin(), b.end());
+      std::sort(both.begin(), both.end(), std::greater<>());
+      for (int i = 0; i < K; ++i) ASSERT_EQ(merged[P - K + i], both[i]) << "K " << K << " trial " << trial;
+    }
+  };
+  check.template operator()<5>();
+  check.template operator()<6>();
+  check.template operator()<8>();
+  check.template operator()<11>();
+  check.template operator()<13>();
+  check.template operator()<16>();
+}
+#endif
 
 // Whole appends: every page byte equals what the scalar quantize_token_head writes.
 template <kvq::Policy P>
