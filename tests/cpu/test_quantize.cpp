@@ -96,8 +96,9 @@ TEST(CpuQuantize, GroupQuantizerIsBitIdenticalToTheScalarOne) {
   check_quantize_row<spec(4, 64, fp32), 256>();
   check_quantize_row<spec(8, 128, bf16), 256>();
   // Clipping: the threshold selected a group per lane (detail::clip_rows) against the
-  // scalar all-pairs ranking; kept lists of 2 and 4 keys (insertion), 5–16 (sorted
-  // blocks of 16 merged bitonically, with and without +∞ slots), 17 (bit by bit).
+  // scalar all-pairs ranking; kept lists of 2 and 4 keys (insertion), 5–16 (on 16 lanes
+  // sorted blocks of 16 merged bitonically, with and without +∞ slots; insertion on 8),
+  // 17 (bit by bit).
   check_quantize_row<spec(4, 32, fp16, 960), 128>();
   check_quantize_row<spec(2, 32, fp16, 900), 128>();
   check_quantize_row<spec(2, 128, fp16, 920), 128>();

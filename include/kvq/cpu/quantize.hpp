@@ -502,22 +502,20 @@ struct Comparator {
 // Batcher's odd–even merge sort of n = 2^p keys (63 comparators for 16), as a list.
 template <int N>
 constexpr auto odd_even_merge_sort() {
-  constexpr int kCount = [] {
+  auto plan = [](Comparator* out) {
     int c = 0;
     for (int p = 1; p < N; p <<= 1)
       for (int k = p; k >= 1; k >>= 1)
         for (int j = k % p; j + k < N; j += 2 * k)
           for (int i = 0; i < k && i + j + k < N; ++i)
-            if ((i + j) / (2 * p) == (i + j + k) / (2 * p)) ++c;
+            if ((i + j) / (2 * p) == (i + j + k) / (2 * p)) {
+              if (out) out[c] = {i + j, i + j + k};
+              ++c;
+            }
     return c;
-  }();
-  std::array<Comparator, kCount> net{};
-  int c = 0;
-  for (int p = 1; p < N; p <<= 1)
-    for (int k = p; k >= 1; k >>= 1)
-      for (int j = k % p; j + k < N; j += 2 * k)
-        for (int i = 0; i < k && i + j + k < N; ++i)
-          if ((i + j) / (2 * p) == (i + j + k) / (2 * p)) net[c++] = {i + j, i + j + k};
+  };
+  std::array<Comparator, plan(nullptr)> net{};
+  plan(net.data());
   return net;
 }
 
@@ -586,14 +584,16 @@ inline constexpr auto kBitonicMerge = padded_bitonic_merge<K>();
 // kLanes groups are selected at once, one group per lane, on the keys |bits(x)| (the
 // IEEE pattern with the sign cleared orders |x|; ±0 share the key 0), transposed so
 // that no step reduces across lanes:
-//   m + 1 ≤ 4 (m = G−1−k: 2 keys for OptR's 0.96 of 32)
-//       each key is inserted into a descending list of the m + 1 largest (a max and a
-//       min per entry, a systolic chain), whose last entry is the rank-k key;
-//   m + 1 ≤ 16 (11 values for 0.92 of 128, 6 for 0.92 of 64), 16 lanes
-//       the same list, kept by blocks of 16 keys: a block sorted by a network (its m + 1
-//       largest used), merged into the list as max(list[i], block[m − i]), the m + 1
-//       largest of both in a bitonic order, which a bitonic merge sorts again — about
-//       half the vector operations of the insertion (K4V2_HC appends 1.16× faster);
+//   5 ≤ m + 1 ≤ 16 on 16 lanes (m = G−1−k: 11 values for 0.92 of 128, 6 for 0.92 of 64)
+//       a descending list of the m + 1 largest, kept by blocks of 16 keys: a block
+//       sorted by a network (its m + 1 largest used), merged into the list as
+//       max(list[i], block[m − i]), the m + 1 largest of both in a bitonic order, which
+//       a bitonic merge sorts again, whose last entry is the rank-k key — about
+//       half the vector operations of the insertion below (K4V2_HC appends 1.16× faster
+//       on a Zen 4; on AVX2's 16 registers it gained 7%, so AVX2 keeps the insertion);
+//   other m + 1 ≤ 16 (2 keys for OptR's 0.96 of 32)
+//       each key is inserted into the same list (a max and a min per entry, a systolic
+//       chain), whose last entry is the rank-k key;
 //   otherwise
 //       the largest T with more than m keys ≥ T, built bit by bit from bit 30 (31
 //       rounds of G compares) — the rank-k key again.
