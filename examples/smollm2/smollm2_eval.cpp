@@ -11,7 +11,9 @@
 //
 // Perplexity scores every token of a chunk but its first, or from --score-from on
 // (non-overlapping chunks of --ctx tokens, each with a fresh cache). KL(p_fp32 ‖ p_policy) and top-1 agreement are
-// measured against the fp32 cache on the same positions. Tokens go through the model in
+// measured against the fp32 cache on the same positions, and so is each run's log-ppl gap,
+// with its standard error over the chunks (--baseline adds the share of one run's gap that
+// each other run closes: the figure of OptR against its base). Tokens go through the model in
 // blocks of --block (appended to the cache, then attended as the last --block queries),
 // so the sink/recent windows behave as in block-wise decoding.
 #include <CLI/CLI.hpp>
@@ -22,6 +24,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -74,7 +77,27 @@ struct EvalArgs {
   std::vector<std::string> layer_policies;  // per-layer tables (kvq_calib allocate)
   int tokens = 8192, ctx = 1024, calib_tokens = 4096;
   int score_from = 0;  // first scored position of each chunk (llama-perplexity: ctx/2)
+  std::string baseline;  // a --policies label: report the share of its log-ppl gap each run closes
 };
+
+// Paired chunk statistics against the fp32 run: every chunk scores the same positions, so
+// the log-ppl gap of a run is the mean over chunks of its per-chunk mean NLL minus fp32's,
+// and its standard error is that of the chunk differences (tokens within a chunk are
+// correlated; chunks are treated as independent samples). x: per-chunk values.
+struct ChunkMean {
+  double mean = 0, se = std::nan("");
+};
+ChunkMean chunk_mean(const std::vector<double>& x) {
+  ChunkMean r;
+  const double n = double(x.size());
+  for (double v : x) r.mean += v / n;
+  if (x.size() > 1) {
+    double ss = 0;
+    for (double v : x) ss += (v - r.mean) * (v - r.mean);
+    r.se = std::sqrt(ss / (n - 1) / n);
+  }
+  return r;
+}
 
 int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& ca) {
   auto L = load(model_path);
@@ -90,6 +113,13 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
                      fmt::format("--score-from {} leaves nothing to score in chunks of {}", a.score_from, a.ctx));
 
   std::vector<Run> runs = make_runs(a.policies, a.layer_policies, n_layers, m.cfg.head_dim);
+  std::ptrdiff_t baseline_run = -1;
+  if (!a.baseline.empty()) {
+    baseline_run = std::find_if(runs.begin(), runs.end(), [&](const Run& r) { return r.label == a.baseline; }) - runs.begin();
+    if (baseline_run == std::ptrdiff_t(runs.size()) || runs[baseline_run].is_fp())
+      throw kvq::Error(kvq::StatusCode::invalid_argument,
+                       fmt::format("--baseline '{}' is not one of the quantized --policies runs", a.baseline));
+  }
 
   // Key means for centering presets: from the tokens that follow the evaluated ones.
   std::vector<kvq::LayerParams> means;
@@ -105,6 +135,7 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
   for (Run& run : runs) run.params = layer_params(run.policy, run.tag, artifacts, means);
 
   struct Acc {
+    std::vector<double> chunk_nll;  // mean NLL of each chunk
     double nll = 0, kl = 0, kl_far = 0;
     long long scored = 0, agree = 0, far = 0;
     double bytes_per_token = 0;
@@ -132,6 +163,7 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
         fp_logp.resize(a.ctx);
         fp_top.resize(a.ctx);
       }
+      const double nll_before = A.nll;
       for (int t = a.score_from; t + 1 < a.ctx; ++t) {
         smollm2::log_softmax(logits.row(t).data(), m.cfg.vocab, lp);
         A.nll -= lp[chunk[t + 1]];
@@ -152,31 +184,61 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
           ++A.far;
         }
       }
+      A.chunk_nll.push_back((A.nll - nll_before) / double(a.ctx - 1 - a.score_from));
       A.secs += seconds_since(t0);
       fmt::print(stderr, "[chunk {}/{}] {:<8} ppl so far {:8.4f}  ({:.1f}s, {:.0f}s total)\n", c + 1, n_chunks,
                  run.label, std::exp(A.nll / double(A.scored)), seconds_since(t0), seconds_since(t_start));
     }
   }
 
+  // Log-ppl gap to fp32 per run, and the share of the baseline's gap each run closes, both
+  // with their paired standard errors over chunks (the baseline's gap is taken as exact).
+  std::vector<ChunkMean> gap(runs.size()), closed(runs.size());
+  const std::size_t fp_run = 0;  // make_runs puts fp32 first
+  auto chunk_gaps = [&](std::size_t r) {
+    std::vector<double> d(acc[r].chunk_nll.size());
+    for (std::size_t c = 0; c < d.size(); ++c) d[c] = acc[r].chunk_nll[c] - acc[fp_run].chunk_nll[c];
+    return d;
+  };
+  for (std::size_t r = 0; r < runs.size(); ++r) gap[r] = chunk_mean(chunk_gaps(r));
+  if (baseline_run >= 0 && gap[baseline_run].mean != 0) {  // no gap, no share of it
+    const std::vector<double> base = chunk_gaps(baseline_run);
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      std::vector<double> gained = chunk_gaps(r);
+      for (std::size_t c = 0; c < gained.size(); ++c) gained[c] = (base[c] - gained[c]) / gap[baseline_run].mean;
+      closed[r] = chunk_mean(gained);
+    }
+  }
+
   std::FILE* csv = a.csv.empty() ? nullptr : std::fopen(a.csv.c_str(), "w");
   if (!a.csv.empty() && !csv) throw kvq::Error(kvq::StatusCode::io_error, "cannot write '" + a.csv + "'");
-  if (csv) fmt::print(csv, "policy,bits_per_element,cache_bytes_per_token,ppl,kl,kl_far,top1\n");
+  if (csv)
+    fmt::print(csv, "policy,bits_per_element,cache_bytes_per_token,ppl,kl,kl_far,top1,log_ppl_gap,log_ppl_gap_se,"
+                    "gap_closed,gap_closed_se\n");
   fmt::print("SmolLM2-135M, {} tokens of {} in {} chunks of {}, positions >= {} scored (block {}, sink {}, recent {})\n",
              n_chunks * a.ctx, a.text, n_chunks, a.ctx, a.score_from, ca.block, ca.sink, ca.recent);
   const int w = label_width(runs);
-  fmt::print("{:<{}} {:>9} {:>12} {:>10} {:>11} {:>11} {:>8}\n", "policy", w, "bits/elem", "bytes/token", "ppl", "KL",
-             "KL(t>=W)", "top1");
+  fmt::print("{:<{}} {:>9} {:>12} {:>10} {:>11} {:>11} {:>8} {:>19}{}\n", "policy", w, "bits/elem", "bytes/token", "ppl",
+             "KL", "KL(t>=W)", "top1", "ln(ppl/fp32) ± SE", baseline_run >= 0 ? "   closes of " + a.baseline + "'s gap ± SE" : "");
+  auto number = [](double x, const char* spec) { return std::isnan(x) ? std::string() : fmt::format(fmt::runtime(spec), x); };
   for (std::size_t r = 0; r < runs.size(); ++r) {
     const Acc& A = acc[r];
     const double ppl = std::exp(A.nll / double(A.scored));
     const bool fp = runs[r].is_fp();
     const double kl = fp ? 0 : A.kl / double(A.scored), klf = fp || !A.far ? 0 : A.kl_far / double(A.far);
     const double top1 = fp ? 1 : double(A.agree) / double(A.scored);
-    fmt::print("{:<{}} {:>9.3f} {:>12.0f} {:>10.4f} {:>11.3e} {:>11.3e} {:>8.4f}\n", runs[r].label, w, runs[r].bits,
-               A.bytes_per_token, ppl, kl, klf, top1);
+    const bool has_gap = !fp;
+    const bool has_closed = baseline_run >= 0 && !fp && std::ptrdiff_t(r) != baseline_run && !std::isnan(closed[r].mean);
+    const std::string gap_text = has_gap ? fmt::format("{:+.5f} ± {:.5f}", gap[r].mean, gap[r].se) : "";
+    const std::string closed_text =
+        has_closed ? fmt::format("   {:+.1f}% ± {:.1f}%", 100 * closed[r].mean, 100 * closed[r].se) : "";
+    fmt::print("{:<{}} {:>9.3f} {:>12.0f} {:>10.4f} {:>11.3e} {:>11.3e} {:>8.4f} {:>19}{}\n", runs[r].label, w,
+               runs[r].bits, A.bytes_per_token, ppl, kl, klf, top1, gap_text, closed_text);
     if (csv)
-      fmt::print(csv, "{},{:.4f},{:.1f},{:.5f},{:.6e},{:.6e},{:.5f}\n", runs[r].label, runs[r].bits, A.bytes_per_token,
-                 ppl, kl, klf, top1);
+      fmt::print(csv, "{},{:.4f},{:.1f},{:.5f},{:.6e},{:.6e},{:.5f},{},{},{},{}\n", runs[r].label, runs[r].bits,
+                 A.bytes_per_token, ppl, kl, klf, top1, has_gap ? number(gap[r].mean, "{:.6e}") : "",
+                 has_gap ? number(gap[r].se, "{:.6e}") : "", has_closed ? number(closed[r].mean, "{:.5f}") : "",
+                 has_closed ? number(closed[r].se, "{:.5f}") : "");
   }
   if (csv) std::fclose(csv);
   return 0;
@@ -591,6 +653,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   eval->add_option("--calib-tokens", ea.calib_tokens, "tokens after the evaluated span used for key means (*_HC presets)");
   eval->add_option("--csv", ea.csv, "also write the table as CSV");
+  eval->add_option("--baseline", ea.baseline,
+                   "a quantized --policies entry (its label, e.g. K2V2_R@base): also report the share of its "
+                   "log-ppl gap to fp32 that each other run closes, ± its standard error over chunks");
   eval->add_option("--artifact", ea.artifacts,
                    "OptR artifact (kvq_calib optr) for learned-rotation presets: PATH, POLICY=PATH, or TAG=PATH for "
                    "a --policies entry POLICY@TAG (repeatable)");

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -217,6 +218,57 @@ TEST_F(GenerateCli, PerLayerPolicyTable) {
   const Result r = generate("--layer-policies '" + table.string() + "'");
   EXPECT_NE(r.err.find("policies: per layer from " + table.string()), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("key means (centered-key layers): the prompt itself"), std::string::npos) << r.err;
+}
+
+// eval's log-ppl gaps are ln(ppl/ppl_fp32) (every chunk scores the same positions), and
+// --baseline's share is (gap_base − gap)/gap_base, each with a standard error over chunks.
+TEST_F(GenerateCli, EvalReportsGapsAndTheShareOfTheBaselinesGap) {
+  const fs::path text = dir_ / "text.txt";
+  {
+    std::ofstream t(text);
+    for (int i = 0; i < 12; ++i)
+      t << "In " << 1850 + 7 * i << " the river town of Elmsford built its " << (i % 2 ? "second" : "first")
+        << " stone bridge; the council paid " << 300 + 41 * i << " pounds, and the mason, a man named Harlow, "
+        << "carved the date above the middle arch where the water runs fastest.\n";
+  }
+  const fs::path csv = dir_ / "eval.csv";
+  const std::string common = "--sink 4 --recent 16 --block 16 eval --text '" + text.string() +
+                             "' --tokens 256 --ctx 64 --calib-tokens 0 --policies fp32,K2V2,K4V2 ";
+  const Result r = run_cli(common + "--baseline K2V2 --csv '" + csv.string() + "'", dir_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("closes of K2V2's gap"), std::string::npos) << r.out;
+  std::ifstream in(csv);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "policy,bits_per_element,cache_bytes_per_token,ppl,kl,kl_far,top1,log_ppl_gap,log_ppl_gap_se,"
+                  "gap_closed,gap_closed_se");
+  std::map<std::string, std::vector<std::string>> rows;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    for (std::string x; std::getline(ss, x, ',');) f.push_back(x);
+    f.resize(11);  // trailing empty fields
+    rows[f[0]] = f;
+  }
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows["fp32"][7], "");
+  const double ppl_fp = std::stod(rows["fp32"][3]);
+  double gap[2];
+  for (int i = 0; const char* p : {"K2V2", "K4V2"}) {
+    const auto& f = rows[p];
+    gap[i] = std::stod(f[7]);
+    EXPECT_NEAR(gap[i], std::log(std::stod(f[3]) / ppl_fp), 1e-5) << p;  // ppl is printed to 5 decimals
+    EXPECT_GE(std::stod(f[8]), 0.0) << p;
+    ++i;
+  }
+  ASSERT_GT(std::abs(gap[0]), 1e-6) << "the windows must leave quantized tokens";
+  EXPECT_EQ(rows["K2V2"][9], "");  // the baseline itself
+  EXPECT_NEAR(std::stod(rows["K4V2"][9]), (gap[0] - gap[1]) / gap[0], 1e-4 / std::abs(gap[0]));
+  EXPECT_GE(std::stod(rows["K4V2"][10]), 0.0);
+  // The baseline must be one of the quantized runs (fp32 is always run: KL needs it).
+  const Result fp = run_cli(common + "--baseline fp32", dir_);
+  EXPECT_NE(fp.status, 0);
+  EXPECT_NE(fp.err.find("--baseline 'fp32' is not one of the quantized --policies runs"), std::string::npos) << fp.err;
 }
 
 // passkey runs its (prompt, policy) jobs on --threads workers; the prompts are drawn
