@@ -96,9 +96,9 @@ TEST(CpuQuantize, GroupQuantizerIsBitIdenticalToTheScalarOne) {
   check_quantize_row<spec(4, 64, fp32), 256>();
   check_quantize_row<spec(8, 128, bf16), 256>();
   // Clipping: the threshold selected a group per lane (detail::clip_rows) against the
-  // scalar all-pairs ranking; kept lists of 2 and 4 keys (insertion), 5–16 (on 16 lanes
-  // sorted blocks of 16 merged bitonically, with and without +∞ slots; insertion on 8),
-  // 17 (bit by bit).
+  // scalar all-pairs ranking; kept lists of 2 and 4 keys (insertion), 5–16 (sorted blocks
+  // of kLanes merged bitonically, with and without +∞ slots, blocks shorter than the list
+  // on 8 lanes), 17 (bit by bit).
   check_quantize_row<spec(4, 32, fp16, 960), 128>();
   check_quantize_row<spec(2, 32, fp16, 900), 128>();
   check_quantize_row<spec(2, 128, fp16, 920), 128>();
@@ -112,42 +112,55 @@ TEST(CpuQuantize, GroupQuantizerIsBitIdenticalToTheScalarOne) {
 }
 
 #if KVQ_CPU_APPEND_SIMD
-// The clip selection's networks on scalars: the sort network sorts every 0/1 input of 16
-// (so every input, by the 0-1 principle), and the merge keeps the K largest of two
-// descending lists, sorted, for random lists with many ties.
+// The clip selection's networks on scalars: the sort networks of 8 and 16 sort every 0/1
+// input (so every input, by the 0-1 principle), and the merge keeps the K largest of a
+// descending list of K and a descending block of B (16, or 8 as on AVX2, padded below
+// every key when shorter than the list), sorted, for random lists with many ties.
+template <int N>
+void check_sort_network() {
+  for (int bits = 0; bits < (1 << N); ++bits) {
+    int v[N];
+    for (int i = 0; i < N; ++i) v[i] = (bits >> i) & 1;
+    kvq::cpu::detail::run_network<kvq::cpu::detail::kSortNetwork<N>>(v);
+    for (int i = 1; i < N; ++i) ASSERT_GE(v[i - 1], v[i]) << "N " << N << " input " << bits;
+  }
+}
+
 TEST(CpuQuantize, SelectionNetworksSortAndMerge) {
   using kvq::cpu::detail::kBitonicMerge;
-  using kvq::cpu::detail::kSortNetwork;
   using kvq::cpu::detail::run_network;
-  for (int bits = 0; bits < (1 << 16); ++bits) {
-    int v[16];
-    for (int i = 0; i < 16; ++i) v[i] = (bits >> i) & 1;
-    run_network<kSortNetwork<16>>(v);
-    for (int i = 1; i < 16; ++i) ASSERT_GE(v[i - 1], v[i]) << "input " << bits;
-  }
+  check_sort_network<8>();
+  check_sort_network<16>();
   std::mt19937 rng(11);
-  auto check = [&]<int K>() {
+  auto check = [&]<int K, int B>() {
     constexpr int P = int(std::bit_ceil(unsigned(K)));
     for (int trial = 0; trial < 2000; ++trial) {
-      std::vector<int> a(K), b(K);
-      for (int i = 0; i < K; ++i) a[i] = int(rng() % 9), b[i] = int(rng() % 9);
+      std::vector<int> a(K), b(B);
+      for (int& x : a) x = int(rng() % 9);
+      for (int& x : b) x = int(rng() % 9);
       std::sort(a.begin(), a.end(), std::greater<>());
       std::sort(b.begin(), b.end(), std::greater<>());
       int merged[P] = {};
-      for (int i = 0; i < K; ++i) merged[i] = std::max(a[i], b[K - 1 - i]);
+      for (int i = 0; i < K; ++i) merged[i] = K - 1 - i >= B ? a[i] : std::max(a[i], b[K - 1 - i]);
       run_network<kBitonicMerge<K>>(merged);
       std::vector<int> both = a;
       both.insert(both.end(), b.begin(), b.end());
       std::sort(both.begin(), both.end(), std::greater<>());
-      for (int i = 0; i < K; ++i) ASSERT_EQ(merged[P - K + i], both[i]) << "K " << K << " trial " << trial;
+      for (int i = 0; i < K; ++i) ASSERT_EQ(merged[P - K + i], both[i]) << "K " << K << " B " << B << " trial " << trial;
     }
   };
-  check.template operator()<5>();
-  check.template operator()<6>();
-  check.template operator()<8>();
-  check.template operator()<11>();
-  check.template operator()<13>();
-  check.template operator()<16>();
+  check.template operator()<5, 16>();
+  check.template operator()<6, 16>();
+  check.template operator()<8, 16>();
+  check.template operator()<11, 16>();
+  check.template operator()<13, 16>();
+  check.template operator()<16, 16>();
+  check.template operator()<5, 8>();
+  check.template operator()<6, 8>();
+  check.template operator()<8, 8>();
+  check.template operator()<11, 8>();
+  check.template operator()<13, 8>();
+  check.template operator()<16, 8>();
 }
 #endif
 

@@ -584,13 +584,14 @@ inline constexpr auto kBitonicMerge = padded_bitonic_merge<K>();
 // kLanes groups are selected at once, one group per lane, on the keys |bits(x)| (the
 // IEEE pattern with the sign cleared orders |x|; ±0 share the key 0), transposed so
 // that no step reduces across lanes:
-//   5 ≤ m + 1 ≤ 16 on 16 lanes (m = G−1−k: 11 values for 0.92 of 128, 6 for 0.92 of 64)
-//       a descending list of the m + 1 largest, kept by blocks of 16 keys: a block
-//       sorted by a network (its m + 1 largest used), merged into the list as
-//       max(list[i], block[m − i]), the m + 1 largest of both in a bitonic order, which
-//       a bitonic merge sorts again, whose last entry is the rank-k key — about
-//       half the vector operations of the insertion below (K4V2_HC appends 1.16× faster
-//       on a Zen 4; on AVX2's 16 registers it gained 7%, so AVX2 keeps the insertion);
+//   5 ≤ m + 1 ≤ 16 (m = G−1−k: 11 values for 0.92 of 128, 6 for 0.92 of 64)
+//       a descending list of the m + 1 largest, kept by blocks of kLanes keys: a block
+//       sorted by a network, merged into the list as max(list[i], block[m − i]) (a
+//       block shorter than the list padded below every key), the m + 1 largest of both
+//       in a bitonic order, which a bitonic merge sorts again, whose last entry is the
+//       rank-k key — about half the vector operations of the insertion below (K4V2_HC
+//       appends 1.16× faster on a Zen 4 with blocks of 16; AVX2 takes blocks of 8, since
+//       blocks of 16 spilled its 16 registers and gained only 7%);
 //   other m + 1 ≤ 16 (2 keys for OptR's 0.96 of 32)
 //       each key is inserted into the same list (a max and a min per entry, a systolic
 //       chain), whose last entry is the rank-k key;
@@ -632,19 +633,24 @@ KVQ_FORCE_INLINE void clip_rows(int n, const float* const* x, float (*out)[D]) {
       transpose_lanes<L>(block);
     }
     Keys rank_k;
-    if constexpr (m + 1 > 4 && m + 1 <= 16 && L == 16 && G % 16 == 0) {
-      constexpr int K = m + 1, P = int(std::bit_ceil(unsigned(K)));
+    if constexpr (m + 1 > 4 && m + 1 <= 16 && G % L == 0) {
+      // Blocks of kLanes keys: 16 with AVX-512; 8 with AVX2, whose 16 registers would
+      // spill a block of 16 beside the list.
+      constexpr int K = m + 1, P = int(std::bit_ceil(unsigned(K))), B = L;
       Keys top[K];
-      for (int b = 0; b < G; b += 16) {
-        Keys block[16];
-        KVQ_UNROLL for (int j = 0; j < 16; ++j) block[j] = keys[b + j];
-        run_network<kSortNetwork<16>>(block);
+      for (int b = 0; b < G; b += B) {
+        Keys block[B];
+        KVQ_UNROLL for (int j = 0; j < B; ++j) block[j] = keys[b + j];
+        run_network<kSortNetwork<B>>(block);
         if (b == 0) {
-          KVQ_UNROLL for (int j = 0; j < K; ++j) top[j] = block[j];
+          KVQ_UNROLL for (int j = 0; j < K; ++j) top[j] = j < B ? block[j] : Keys{} - 1;  // −1: below every key
           continue;
         }
+        // A block shorter than the list counts as padded with keys below every key: the
+        // list's first K − B entries stay.
         Keys merged[P];
-        KVQ_UNROLL for (int j = 0; j < K; ++j) merged[j] = top[j] > block[K - 1 - j] ? top[j] : block[K - 1 - j];
+        KVQ_UNROLL for (int j = 0; j < K; ++j)
+          merged[j] = K - 1 - j >= B ? top[j] : (top[j] > block[K - 1 - j] ? top[j] : block[K - 1 - j]);
         KVQ_UNROLL for (int j = K; j < P; ++j) merged[j] = Keys{};  // +∞ slots: never read
         run_network<kBitonicMerge<K>>(merged);
         KVQ_UNROLL for (int j = 0; j < K; ++j) top[j] = merged[P - K + j];
