@@ -590,8 +590,8 @@ inline constexpr auto kBitonicMerge = padded_bitonic_merge<K>();
 //       block shorter than the list padded below every key), the m + 1 largest of both
 //       in a bitonic order, which a bitonic merge sorts again, whose last entry is the
 //       rank-k key — about half the vector operations of the insertion below (K4V2_HC
-//       appends 1.16× faster on a Zen 4 with blocks of 16; AVX2 takes blocks of 8, since
-//       blocks of 16 spilled its 16 registers and gained only 7%);
+//       appends 1.16× faster on a Zen 4 with blocks of 16, and 1.10× with AVX2's blocks
+//       of 8, which leave its 16 registers for the list);
 //   other m + 1 ≤ 16 (2 keys for OptR's 0.96 of 32)
 //       each key is inserted into the same list (a max and a min per entry, a systolic
 //       chain), whose last entry is the rank-k key;
@@ -638,8 +638,7 @@ KVQ_FORCE_INLINE void clip_rows(int n, const float* const* x, float (*out)[D]) {
     }
     Keys rank_k;
     if constexpr (m + 1 > 4 && m + 1 <= 16 && G % L == 0) {
-      // Blocks of kLanes keys: 16 with AVX-512; 8 with AVX2, whose 16 registers would
-      // spill a block of 16 beside the list.
+      // Blocks of kLanes keys: 16 with AVX-512, 8 with AVX2.
       constexpr int K = m + 1, P = int(std::bit_ceil(unsigned(K))), B = L;
       Keys top[K];
       for (int b = 0; b < G; b += B) {
