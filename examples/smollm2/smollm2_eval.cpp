@@ -227,17 +227,16 @@ int cmd_eval(const std::string& model_path, const EvalArgs& a, const CacheArgs& 
     const bool fp = runs[r].is_fp();
     const double kl = fp ? 0 : A.kl / double(A.scored), klf = fp || !A.far ? 0 : A.kl_far / double(A.far);
     const double top1 = fp ? 1 : double(A.agree) / double(A.scored);
-    const bool has_gap = !fp;
     const bool has_closed = baseline_run >= 0 && !fp && std::ptrdiff_t(r) != baseline_run && !std::isnan(closed[r].mean);
-    const std::string gap_text = has_gap ? fmt::format("{:+.5f} ± {:.5f}", gap[r].mean, gap[r].se) : "";
+    const std::string gap_text = !fp ? fmt::format("{:+.5f} ± {:.5f}", gap[r].mean, gap[r].se) : "";
     const std::string closed_text =
         has_closed ? fmt::format("   {:+.1f}% ± {:.1f}%", 100 * closed[r].mean, 100 * closed[r].se) : "";
     fmt::print("{:<{}} {:>9.3f} {:>12.0f} {:>10.4f} {:>11.3e} {:>11.3e} {:>8.4f} {:>19}{}\n", runs[r].label, w,
                runs[r].bits, A.bytes_per_token, ppl, kl, klf, top1, gap_text, closed_text);
     if (csv)
       fmt::print(csv, "{},{:.4f},{:.1f},{:.5f},{:.6e},{:.6e},{:.5f},{},{},{},{}\n", runs[r].label, runs[r].bits,
-                 A.bytes_per_token, ppl, kl, klf, top1, has_gap ? number(gap[r].mean, "{:.6e}") : "",
-                 has_gap ? number(gap[r].se, "{:.6e}") : "", has_closed ? number(closed[r].mean, "{:.5f}") : "",
+                 A.bytes_per_token, ppl, kl, klf, top1, !fp ? number(gap[r].mean, "{:.6e}") : "",
+                 !fp ? number(gap[r].se, "{:.6e}") : "", has_closed ? number(closed[r].mean, "{:.5f}") : "",
                  has_closed ? number(closed[r].se, "{:.5f}") : "");
   }
   if (csv) std::fclose(csv);

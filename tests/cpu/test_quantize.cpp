@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common/paged_case.hpp"
@@ -149,18 +150,10 @@ TEST(CpuQuantize, SelectionNetworksSortAndMerge) {
       for (int i = 0; i < K; ++i) ASSERT_EQ(merged[P - K + i], both[i]) << "K " << K << " B " << B << " trial " << trial;
     }
   };
-  check.template operator()<5, 16>();
-  check.template operator()<6, 16>();
-  check.template operator()<8, 16>();
-  check.template operator()<11, 16>();
-  check.template operator()<13, 16>();
-  check.template operator()<16, 16>();
-  check.template operator()<5, 8>();
-  check.template operator()<6, 8>();
-  check.template operator()<8, 8>();
-  check.template operator()<11, 8>();
-  check.template operator()<13, 8>();
-  check.template operator()<16, 8>();
+  [&]<int... K>(std::integer_sequence<int, K...>) {
+    (check.template operator()<K, 16>(), ...);
+    (check.template operator()<K, 8>(), ...);
+  }(std::integer_sequence<int, 5, 6, 8, 11, 13, 16>{});
 }
 #endif
 
