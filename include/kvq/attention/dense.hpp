@@ -42,8 +42,8 @@ struct DenseTileSource {
   // logits asks for the keys four tokens at a time between its token groups, and
   // accumulate_values for the values one token at a time as its first column chunk
   // walks the tokens. A burst of a block's 256 lines (keys and values of 32 tokens)
-  // fills the L1 miss buffers and stalls: spread, fp16 pages from DRAM (32K tokens,
-  // 2 KV heads, one Zen 5 core) took 3.0 → 1.9–2.1 ms.
+  // into L1 (prefetcht0) fills the L1 miss buffers and stalls: spread, fp16 pages from
+  // DRAM (32K tokens, 2 KV heads, one Zen 5 core) took 3.0 → 1.9–2.1 ms.
   const T* next_key[kTokensPerBlock] = {};
   const T* next_value[kTokensPerBlock] = {};
   int next_keys = 0, next_values = 0;
