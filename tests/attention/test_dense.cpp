@@ -40,14 +40,20 @@ TEST(DenseAttention, GoldenVectors) {
   }
 }
 
-TEST(DenseAttention, PagedFp16MatchesRaggedRows) {
-  constexpr int D = 64, hkv = 2, hq = 8, P = 16;
+// Pages in shuffled order; a page size of 5 puts page boundaries inside the decode's
+// 32-token blocks, so a block's rows come from several page runs.
+void check_paged_fp16_matches_ragged_rows(int P) {
+  constexpr int D = 64, hkv = 2, hq = 8;
   const int lens[2] = {45, 70};
   const auto k = kvq::test::random_normal(115 * hkv * D, 1), v = kvq::test::random_normal(115 * hkv * D, 2);
   const auto q = kvq::test::random_normal(2 * hq * D, 3);
   kvq::DensePageLayout<kvq::half_t, D> layout{P, hkv};
-  const std::int32_t indptr[3] = {0, 3, 8}, indices[8] = {7, 0, 3, 1, 2, 4, 5, 6}, last[2] = {13, 6};
-  std::vector<std::byte> pool(layout.page_bytes() * 8);
+  const int pages0 = (lens[0] + P - 1) / P, pages = pages0 + (lens[1] + P - 1) / P;
+  const std::int32_t indptr[3] = {0, pages0, pages};
+  const std::int32_t last[2] = {lens[0] - (pages0 - 1) * P, lens[1] - (pages - pages0 - 1) * P};
+  std::vector<std::int32_t> indices(pages);
+  for (int i = 0; i < pages; ++i) indices[i] = (7 * i + 3) % pages;  // 7 is prime to 8 and 23
+  std::vector<std::byte> pool(layout.page_bytes() * pages);
   std::vector<float> kr(k.size()), vr(v.size());  // fp16-rounded rows for the ragged reference
   for (int b = 0, row = 0; b < 2; ++b)
     for (int t = 0; t < lens[b]; ++t, ++row)
@@ -63,11 +69,16 @@ TEST(DenseAttention, PagedFp16MatchesRaggedRows) {
   const std::int32_t q_indptr[3] = {0, 1, 2}, kv_indptr[3] = {0, 45, 115};
   std::vector<float> paged(q.size(), kvq::test::kPoison), ragged(q.size(), kvq::test::kPoison);
   kvq::DecodeParams<float, float> p{q.data(), q_indptr, hq, nullptr, 0.f, false, paged.data(), nullptr};
-  const kvq::PageTableView table{indptr, indices, last, 2, P};
-  ASSERT_TRUE(kvq::dense_paged_attention<D>(pool.data(), 8, layout, table, p).ok());
+  const kvq::PageTableView table{indptr, indices.data(), last, 2, P};
+  ASSERT_TRUE(kvq::dense_paged_attention<D>(pool.data(), pages, layout, table, p).ok());
   p.out = ragged.data();
   ASSERT_TRUE((kvq::dense_attention<D>(kr.data(), vr.data(), kv_indptr, 2, hkv, p).ok()));
-  EXPECT_EQ(paged, ragged);
+  EXPECT_EQ(paged, ragged) << "page size " << P;
+}
+
+TEST(DenseAttention, PagedFp16MatchesRaggedRows) {
+  check_paged_fp16_matches_ragged_rows(16);
+  check_paged_fp16_matches_ragged_rows(5);
 }
 
 // An Inf value row reaches only the rows that give its token a nonzero weight.
