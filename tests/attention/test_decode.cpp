@@ -42,8 +42,10 @@ void check_against_reference(int page_size, int hkv, int hq, std::vector<int> le
 TEST(DecodeAttention, MatchesExactAttentionOverDequantizedCache) {
   using namespace kvq::presets;
   // Ragged lengths (incl. an empty sequence, a partial last page), GQA 1/4/8, several
-  // query tokens per sequence (causal), page sizes 16–256.
+  // query tokens per sequence (causal), page sizes 5–256 (5: page runs that start and end
+  // inside the decode's 32-token blocks).
   check_against_reference<K8V8>(16, 2, 8, {37, 0, 129}, {1, 0, 3}, 1);
+  check_against_reference<K4V2>(5, 2, 8, {77, 40}, {1, 2}, 26);
   check_against_reference<K4V4>(64, 1, 1, {200}, {2}, 2);
   check_against_reference<K4V2>(16, 2, 16, {300, 5}, {1, 4}, 3);
   check_against_reference<K2V4>(256, 4, 16, {513}, {1}, 4);

@@ -136,11 +136,14 @@ struct QuantizedTileSource {
   void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) const {
     if constexpr (S == KeyScoring::fp32_tiles) {
       logits_from_tile<D>(q, padded_rows(rows), t0, n, tile, s, [&](int t, int count, float* out) {
-        table.for_each_slot(batch, t, count, [&](int j, int page, int slot) {
+        int j = 0;  // a page's slots are contiguous rows: one address computation per run
+        table.for_each_page_run(batch, t, count, [&](int page, int slot, int run) {
           const std::byte* base = cache.page(page);
-          dequantize_row_slabs<P.key.bits, P.key.group, D, P.key.meta>(
-              reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(base, head, slot)), key_meta(base, slot),
-              out + j * D);
+          const auto* c = reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(base, head, slot));
+          const meta_storage_t<P.key.meta>* m = key_meta(base, slot);
+          for (int u = 0; u < run; ++u, ++j)
+            dequantize_row_slabs<P.key.bits, P.key.group, D, P.key.meta>(
+                c + u * cache.layout.kKeyCodeBytes, m + u * 2 * (D / P.key.group), out + j * D);
         });
       });
     } else {
@@ -179,12 +182,14 @@ struct QuantizedTileSource {
   // are finite without looking at them.
   bool values(int t0, int n, float* tile) const {
     bool finite = true;
-    table.for_each_slot(batch, t0, n, [&](int j, int page, int slot) {
+    int j = 0;
+    table.for_each_page_run(batch, t0, n, [&](int page, int slot, int run) {
       const std::byte* base = cache.page(page);
-      finite &= dequantize_row_slabs<P.value.bits, P.value.group, D, P.value.meta>(
-          reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(base, head, slot)),
-          reinterpret_cast<const meta_storage_t<P.value.meta>*>(cache.layout.value_meta_bytes(base, head, slot)),
-          tile + j * D);
+      const auto* c = reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(base, head, slot));
+      const auto* m = reinterpret_cast<const meta_storage_t<P.value.meta>*>(cache.layout.value_meta_bytes(base, head, slot));
+      for (int u = 0; u < run; ++u, ++j)
+        finite &= dequantize_row_slabs<P.value.bits, P.value.group, D, P.value.meta>(
+            c + u * cache.layout.kValueCodeBytes, m + u * 2 * (D / P.value.group), tile + j * D);
     });
     return finite;
   }
