@@ -367,15 +367,19 @@ struct Int8ValueBlock {
   KVQ_FORCE_INLINE void accumulate_vnni(const std::uint8_t* const* codes, int n, int r0, float* out) {
     // Decided once per block, so that the token loop has no branch (a branch there also
     // made GCC 12 copy the accumulators each iteration).
-    bool quads_contiguous = kRowBytes <= 32 && n % 4 == 0;
-    for (int j = 0; j < n && quads_contiguous; j += 4)
-      quads_contiguous = codes[j + 1] == codes[j] + kRowBytes && codes[j + 2] == codes[j] + 2 * kRowBytes &&
-                         codes[j + 3] == codes[j] + 3 * kRowBytes;
-    if (quads_contiguous) {
-      accumulate_vnni_quads<RB, true>(codes, n, r0, out);
-    } else {
-      accumulate_vnni_quads<RB, false>(codes, n, r0, out);
+    // Rows over 32 bytes always take the gathered form (no contiguous one is written
+    // for them, nor instantiated).
+    if constexpr (kRowBytes <= 32) {
+      bool quads_contiguous = n % 4 == 0;
+      for (int j = 0; j < n && quads_contiguous; j += 4)
+        quads_contiguous = codes[j + 1] == codes[j] + kRowBytes && codes[j + 2] == codes[j] + 2 * kRowBytes &&
+                           codes[j + 3] == codes[j] + 3 * kRowBytes;
+      if (quads_contiguous) {
+        accumulate_vnni_quads<RB, true>(codes, n, r0, out);
+        return;
+      }
     }
+    accumulate_vnni_quads<RB, false>(codes, n, r0, out);
   }
 
   template <int RB, bool kContiguous>
@@ -393,6 +397,7 @@ struct Int8ValueBlock {
         const std::uint8_t* t0 = codes[j];
         if constexpr (kContiguous) {
           // Four consecutive rows of one page: one or two loads and one byte permute.
+          static_assert(kRowBytes == 16 || kRowBytes == 32);
           if constexpr (kRowBytes == 16) {
             z = _mm512_maskz_permutexvar_epi8(~__mmask64(0), quad, _mm512_loadu_si512(t0));
           } else if constexpr (kRowBytes == 32) {
