@@ -141,6 +141,9 @@ KVQ_FORCE_INLINE bool softmax_block(float (*s)[kTokensPerBlock], int rows, const
 //                                before and after this block's logits: one burst of a
 //                                whole block's lines would fill the L1 miss buffers and
 //                                stall (a source may also queue them and spread them out)
+//   src.touch_pages(t0, n) (optional) : a hint, given two blocks ahead, to touch each OS
+//                                page of those tokens once (address translations, see
+//                                touch_os_page in kvq/cpu/tile.hpp)
 //   src.accumulate_values(t0, n, p, rows_padded, acc) (optional): acc += p·V̂ without a
 //                                value tile; false leaves acc alone and takes values()
 //   acc  : [padded_rows(rows)][D]; on return rows < `rows` hold Σ p·v̂ (unnormalized)
@@ -164,6 +167,10 @@ void attend_part(int begin, int length, int rows, const int* row_limit, float* a
     const int n = std::min(kTokensPerBlock, end - t0);
     const int next = t0 + kTokensPerBlock, next_n = std::min(kTokensPerBlock, end - next);
     if (next_n > 0) src.prefetch_keys(next, next_n);
+    if constexpr (requires { src.touch_pages(t0, n); }) {
+      const int after_next = next + kTokensPerBlock;
+      if (after_next < end) src.touch_pages(after_next, std::min(kTokensPerBlock, end - after_next));
+    }
     src.logits(t0, n, tile, s);
     if (next_n > 0) src.prefetch_values(next, next_n);
     // Mask, then one rescale per block and row.

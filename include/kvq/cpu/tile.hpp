@@ -477,6 +477,20 @@ KVQ_FORCE_INLINE void prefetch_bytes(const void* p, std::size_t bytes) {
 #endif
 }
 
+// The smallest OS page: the unit of address translation that touch_os_page warms.
+inline constexpr std::uintptr_t kOsPageBytes = 4096;
+
+// Asks for the line at p unless the previous call with the same `page` state (start it
+// at 0) was already in p's 4 KB OS page. The prefetch's page walk then happens here: the
+// fp16 source touches the block after next, so the next block's prefetches find their
+// translations cached (kvq/attention/dense.hpp).
+KVQ_FORCE_INLINE void touch_os_page(const void* p, std::uintptr_t& page) {
+  const std::uintptr_t here = reinterpret_cast<std::uintptr_t>(p) / kOsPageBytes + 1;  // never 0
+  if (here == page) return;
+  prefetch_bytes(p, 1);
+  page = here;
+}
+
 // Max of a block of kTokensPerBlock logits, NaN when any of them is NaN (std::max
 // would drop it; a NaN logit must poison its row).
 template <int W = kNativeFloatLanes>  // a template, so the folds of other widths are discarded
