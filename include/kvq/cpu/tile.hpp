@@ -452,8 +452,9 @@ KVQ_FORCE_INLINE bool rows_are_finite(const float* rows, int n) {
 // line arrives from DRAM; one into L2 does not, and the demand loads then hit L2. On a
 // Zen 4 core, cold 32K-token decodes (bench_cpu, 2026-12-05, alternating A/B runs):
 // fp16 pages 5.5–5.6 → 3.2–3.5 ms, K4V2 fastest 1.26 → 0.94–0.97 ms with AVX-512;
-// 6.5 → 4.2–4.9 and 2.9 → 1.6–1.8 ms with AVX2. On Zen 5 (2026-12-03, before the prefetches were spread over the block) L2
-// hints did not help; not measured there since. Engines may define it for their cores.
+// 6.5 → 4.2–4.9 and 2.9 → 1.6–1.8 ms with AVX2. On Zen 5 (2026-12-03, before the
+// prefetches were spread over the block) L2 hints did not help; not measured there
+// since. Engines may define it for their cores.
 #ifndef KVQ_CPU_PREFETCH_LOCALITY
 #define KVQ_CPU_PREFETCH_LOCALITY 2
 #endif
