@@ -733,7 +733,9 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
     constexpr int NV = G / L, kLevels = S.levels(), kSlots = (kMaxRows * NG + L - 1) / L * L;
     constexpr bool kFp16 = S.meta == MetaType::fp16;  // codes clamped in bytes (see the top)
     alignas(64) float lo[kSlots], hi[kSlots], inv[kSlots];
-    bool vector_ok[kSlots];  // false: the scalar quantizer redoes the group
+    // Bit j of redo[c]: the scalar quantizer redoes group L·c + j. (A bool per group
+    // was set by a memset call per chunk, which cost K2V2's key append ~10%.)
+    std::uint32_t redo[kSlots / L];
     const int groups = n * NG;
     // Every element of group i finite (the careful check, when a chunk's sum is not).
     auto group_finite = [&](int i) {
@@ -770,7 +772,10 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
         hi_lanes[V::kSlot[j]] = hi_v[0];
       }
       const bool chunk_finite = V::all_finite(fin_chunk);
-      for (int i = base; i < base + count; ++i) vector_ok[i] = chunk_finite || group_finite(i);
+      std::uint32_t& chunk_redo = redo[base / L];
+      chunk_redo = 0;
+      if (!chunk_finite)
+        for (int j = 0; j < count; ++j) chunk_redo |= std::uint32_t(!group_finite(base + j)) << j;
       for (int j = count; j < L; ++j)  // padding slots: any defined vector
         lo_lanes[V::kSlot[j]] = hi_lanes[V::kSlot[j]] = lo_lanes[0];
       const F lo_x = V::template extremes<false>(lo_lanes), hi_x = V::template extremes<true>(hi_lanes);
@@ -779,8 +784,8 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
       // A zero extremum's sign depends on the order in which lanes met: recompute it in
       // the scalar order.
       for (unsigned zero = V::zero_lanes(lo_x, hi_x); zero != 0; zero &= zero - 1) {
-        const int i = base + __builtin_ctz(zero);
-        if (i < base + count && vector_ok[i]) {
+        const int j = __builtin_ctz(zero), i = base + j;
+        if (j < count && !(chunk_redo >> j & 1)) {
           const float* xg = x[i / NG] + (i % NG) * G;
           float l = xg[0], h = xg[0];
           for (int e = 1; e < G; ++e) l = fmin_f(l, xg[e]), h = fmax_f(h, xg[e]);
@@ -788,7 +793,7 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
         }
       }
       // 2. Metadata: scale, stored {s, lo}, and 1/s (0 when s is stored as 0: codes 0).
-      //    Groups without vector_ok are quantized by the scalar code after phase 3.
+      //    Groups marked in redo are quantized by the scalar code after phase 3.
       if constexpr (kFp16) {
         // {scale, lo} pairs of the chunk's groups: whole rows (NG ≤ L) or part of one.
         alignas(64) std::uint32_t pairs[L];
@@ -798,7 +803,7 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
           for (int j = 0; j < count; j += NG) std::memcpy(meta[(base + j) / NG], pairs + j, NG * sizeof(std::uint32_t));
         else
           std::memcpy(meta[base / NG] + 2 * (base % NG), pairs, count * sizeof(std::uint32_t));
-        for (unsigned m = saturated & ((1u << count) - 1); m != 0; m &= m - 1) vector_ok[base + __builtin_ctz(m)] = false;
+        chunk_redo |= saturated & ((1u << count) - 1);
       } else {
         for (int i = base; i < base + count; ++i) {
           meta_storage_t<S.meta>* mg = meta[i / NG] + 2 * (i % NG);
@@ -824,8 +829,12 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
       }
     // The scalar result (for non-finite groups the defined one of DESIGN §2), over
     // whatever phases 2 and 3 wrote there.
-    for (int i = 0; i < groups; ++i)
-      if (!vector_ok[i]) quantize_group<S>(original[i / NG] + (i % NG) * G, packed[i / NG] + (i % NG) * (G * S.bits / 8), meta[i / NG] + 2 * (i % NG));
+    for (int c = 0; c * L < groups; ++c)
+      for (std::uint32_t m = redo[c]; m != 0; m &= m - 1) {
+        const int i = L * c + __builtin_ctz(m);
+        quantize_group<S>(original[i / NG] + (i % NG) * G, packed[i / NG] + (i % NG) * (G * S.bits / 8),
+                          meta[i / NG] + 2 * (i % NG));
+      }
     return;
   }
 #endif
