@@ -29,8 +29,9 @@
 //   clipping  the threshold is the same k-th smallest |x| (selected on |x|'s IEEE
 //             pattern, a group per lane, instead of by the scalar's all-pairs ranking,
 //             detail::clip_rows), then the scalar's two compares per element.
-// The same code runs 16 lanes wide with AVX-512 and 8 wide with AVX2 + F16C
-// (detail::AppendSimd); without either, everything is the scalar path. The `*_generic`
+// The quantizer runs 16 lanes wide with AVX-512 and 8 wide with AVX2 + F16C
+// (detail::AppendSimd), the FWHT 8 wide with either (detail::FwhtSimd); without them,
+// everything is the scalar path. The `*_generic`
 // names are that path, always compiled, for tests/cpu to compare against.
 #pragma once
 
@@ -38,6 +39,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "kvq/core/config.hpp"
@@ -219,9 +221,9 @@ struct AppendSimd512 {
     }
   }
 };
-using AppendSimd = AppendSimd512;
-#define KVQ_CPU_APPEND_SIMD 1
-#elif KVQ_CPU_AVX2 && KVQ_CPU_F16C
+#endif
+
+#if KVQ_CPU_AVX2 && KVQ_CPU_F16C
 struct AppendSimd256 {
   using F = __m256;
   using I = __m256i;
@@ -245,7 +247,11 @@ struct AppendSimd256 {
     F partner;
     if constexpr (H == 1) partner = _mm256_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1));
     else if constexpr (H == 2) partner = _mm256_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2));
+#if KVQ_CPU_AVX512
+    else partner = _mm256_shuffle_f32x4(x, x, 1);  // the EVEX form: 1 cycle on a Zen 4, vperm2f128 3–4
+#else
     else partner = _mm256_permute2f128_ps(x, x, 0x01);
+#endif
 #if KVQ_CPU_FMA
     return _mm256_fmadd_ps(x, _mm256_load_ps(kButterflySigns<8, H>.data()), partner);
 #else
@@ -336,34 +342,56 @@ struct AppendSimd256 {
     }
   }
 };
+#endif
+
+// The quantizer's vectors, and the FWHT's. The FWHT takes 256-bit vectors wherever AVX2
+// is there, AVX-512 included, up to d 128 (FwhtSimdFor): an in-vector stage costs two instructions per vector (a
+// permute and an FMA), a stage between vectors one, so at d 128 eight zmm do 4 in-vector
+// and 3 across stages, 88 zmm instructions, and sixteen ymm 3 and 4, 160 ymm
+// instructions, which a Zen 4 issues as 80 zmm's worth: a K2V2_HC row took 83 → 76
+// cycles alone, and its append 92 → 88 ns per token·head (2026-12-05). (A key and a
+// value row interleaved took 71 cycles in a loop of their own, but 32 live ymm spill
+// inside the append, which then got slower.)
+#if KVQ_CPU_AVX512
+using AppendSimd = AppendSimd512;
+#define KVQ_CPU_APPEND_SIMD 1
+#elif KVQ_CPU_AVX2 && KVQ_CPU_F16C
 using AppendSimd = AppendSimd256;
 #define KVQ_CPU_APPEND_SIMD 1
 #else
 #define KVQ_CPU_APPEND_SIMD 0
 #endif
+#if KVQ_CPU_APPEND_SIMD
+using FwhtSimd = AppendSimd256;  // AppendSimd exists only with AVX2 + F16C
+#endif
 
 #if KVQ_CPU_APPEND_SIMD
-// The in-vector FWHT stages, stride 1 first, as the scalar order.
-template <int H = 1>
-KVQ_FORCE_INLINE AppendSimd::F butterflies_in_lanes(AppendSimd::F x) {
-  if constexpr (H < AppendSimd::kLanes) return butterflies_in_lanes<2 * H>(AppendSimd::butterfly<H>(x));
-  else return x;
+// One in-vector FWHT stage of stride H on the NV vectors v[].
+template <int H, int NV, class V>
+KVQ_FORCE_INLINE void butterflies_in_lanes(typename V::F* v) {
+  KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = V::template butterfly<H>(v[k]);
 }
 
 // The FWHT stages between the NV vectors v[], strides H, 2H, … vectors, as the scalar
 // order; fixed trip counts, so v[] stays in registers.
-template <int H, int NV>
-KVQ_FORCE_INLINE void butterflies_across(AppendSimd::F* v) {
+template <int H, int NV, class V>
+KVQ_FORCE_INLINE void butterflies_across(typename V::F* v) {
   if constexpr (H < NV) {
     KVQ_UNROLL for (int i = 0; i < NV; i += 2 * H)
       KVQ_UNROLL for (int j = i; j < i + H; ++j) {
-        const AppendSimd::F a = v[j], b = v[j + H];
-        v[j] = AppendSimd::add(a, b);
-        v[j + H] = AppendSimd::sub(a, b);
+        const typename V::F a = v[j], b = v[j + H];
+        v[j] = V::add(a, b);
+        v[j + H] = V::sub(a, b);
       }
-    butterflies_across<2 * H, NV>(v);
+    butterflies_across<2 * H, NV, V>(v);
   }
 }
+
+// The FWHT's vectors for rows of D: FwhtSimd while a row is at most 16 of them (the loops
+// above unroll fully up to KVQ_UNROLL's 16, so that v[] stays in registers), else the
+// quantizer's wider ones.
+template <int D>
+using FwhtSimdFor = std::conditional_t<(D / FwhtSimd::kLanes <= 16), FwhtSimd, AppendSimd>;
 #endif
 
 }  // namespace detail
@@ -375,7 +403,7 @@ KVQ_FORCE_INLINE void butterflies_across(AppendSimd::F* v) {
 template <int D, bool kHadamard, ActivationType T>
 KVQ_FORCE_INLINE void center_hadamard_row_fast(const T* src, const float* mean, std::uint32_t sign_seed, float* dst) {
 #if KVQ_CPU_APPEND_SIMD
-  using V = detail::AppendSimd;
+  using V = detail::FwhtSimdFor<D>;
   constexpr int L = V::kLanes;
   if constexpr (D % L == 0 && (!kHadamard || (D & (D - 1)) == 0)) {
     constexpr int NV = D / L;
@@ -391,8 +419,10 @@ KVQ_FORCE_INLINE void center_hadamard_row_fast(const T* src, const float* mean, 
         for (int i = 0; i < D; ++i) signs[i] = hadamard_sign(sign_seed, i);
         KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = V::mul(v[k], V::load(signs + L * k));
       }
-      KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = detail::butterflies_in_lanes(v[k]);
-      detail::butterflies_across<1, NV>(v);
+      [&]<int... H>(std::integer_sequence<int, H...>) {  // strides 1, 2, … inside vectors, stage by stage
+        (detail::butterflies_in_lanes<(1 << H), NV, V>(v), ...);
+      }(std::make_integer_sequence<int, std::countr_zero(unsigned(L))>{});
+      detail::butterflies_across<1, NV, V>(v);
       const typename V::F norm = V::set1(inv_sqrt_pow2(D));
       KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = V::mul(v[k], norm);
     }
