@@ -822,8 +822,15 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
           lo[i] = l, hi[i] = h;
         }
       }
-      // 2. Metadata: scale, stored {s, lo}, and 1/s (0 when s is stored as 0: codes 0).
-      //    Groups marked in redo are quantized by the scalar code after phase 3.
+    }
+    // 2. Metadata: scale, stored {s, lo}, and 1/s (0 when s is stored as 0: codes 0).
+    //    Groups marked in redo are quantized by the scalar code after phase 3. A loop of
+    //    its own: a chunk's metadata is a chain of two divisions and two conversions,
+    //    and the chunks' chains overlap only when nothing long lies between them (K2V2's
+    //    append: 59.2 → 57.3 ns per token·head on a Zen 4).
+    for (int base = 0; base < groups; base += L) {
+      const int count = groups - base < L ? groups - base : L;
+      std::uint32_t& chunk_redo = redo[base / L];
       if constexpr (kFp16) {
         // {scale, lo} pairs of the chunk's groups: whole rows (NG ≤ L) or part of one.
         alignas(64) std::uint32_t pairs[L];
