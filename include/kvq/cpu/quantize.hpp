@@ -345,13 +345,13 @@ struct AppendSimd256 {
 #endif
 
 // The quantizer's vectors, and the FWHT's. The FWHT takes 256-bit vectors wherever AVX2
-// is there, AVX-512 included, up to d 128 (FwhtSimdFor): an in-vector stage costs two instructions per vector (a
-// permute and an FMA), a stage between vectors one, so at d 128 eight zmm do 4 in-vector
-// and 3 across stages, 88 zmm instructions, and sixteen ymm 3 and 4, 160 ymm
-// instructions, which a Zen 4 issues as 80 zmm's worth: a K2V2_HC row took 83 → 76
-// cycles alone, and its append 92 → 88 ns per token·head (2026-12-05). (A key and a
-// value row interleaved took 71 cycles in a loop of their own, but 32 live ymm spill
-// inside the append, which then got slower.)
+// is there, AVX-512 included, up to d 128 (FwhtSimdFor): an in-vector stage costs two
+// instructions per vector (a permute and an FMA), a stage between vectors one, so at
+// d 128 eight zmm do 4 in-vector and 3 across stages, 88 zmm instructions, and sixteen
+// ymm 3 and 4, 160 ymm instructions, which a Zen 4 issues as 80 zmm's worth: a K2V2_HC
+// row took 83 → 76 cycles alone, and its append 92 → 88 ns per token·head (2026-12-05).
+// (A key and a value row interleaved took 71 cycles in a loop of their own, but 32 live
+// ymm spill inside the append, which then got slower.)
 #if KVQ_CPU_AVX512
 using AppendSimd = AppendSimd512;
 #define KVQ_CPU_APPEND_SIMD 1
