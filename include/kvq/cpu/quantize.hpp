@@ -31,8 +31,8 @@
 //             detail::clip_rows), then the scalar's two compares per element.
 // The quantizer runs 16 lanes wide with AVX-512 and 8 wide with AVX2 + F16C
 // (detail::AppendSimd), the FWHT 8 wide with either (detail::FwhtSimd); without them,
-// everything is the scalar path. The `*_generic`
-// names are that path, always compiled, for tests/cpu to compare against.
+// everything is the scalar path. The `*_generic` names are that path, always compiled,
+// for tests/cpu to compare against.
 #pragma once
 
 #include <array>
@@ -248,7 +248,7 @@ struct AppendSimd256 {
     if constexpr (H == 1) partner = _mm256_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1));
     else if constexpr (H == 2) partner = _mm256_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2));
 #if KVQ_CPU_AVX512
-    else partner = _mm256_shuffle_f32x4(x, x, 1);  // the EVEX form: 1 cycle on a Zen 4, vperm2f128 3–4
+    else partner = _mm256_shuffle_f32x4(x, x, 1);  // the EVEX form, as the 512-bit path's shuffles
 #else
     else partner = _mm256_permute2f128_ps(x, x, 0x01);
 #endif
@@ -771,7 +771,7 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
     constexpr bool kFp16 = S.meta == MetaType::fp16;  // codes clamped in bytes (see the top)
     alignas(64) float lo[kSlots], hi[kSlots], inv[kSlots];
     // Bit j of redo[c]: the scalar quantizer redoes group L·c + j. (A bool per group
-    // was set by a memset call per chunk, which cost K2V2's key append ~10%.)
+    // was set by a memset call per chunk: K2V2's key rows took ~6% longer.)
     std::uint32_t redo[kSlots / L];
     const int groups = n * NG;
     // Every element of group i finite (the careful check, when a chunk's sum is not).
