@@ -136,28 +136,16 @@ struct QuantizedTileSource {
   void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) const {
     if constexpr (S == KeyScoring::fp32_tiles) {
       logits_from_tile<D>(q, padded_rows(rows), t0, n, tile, s, [&](int t, int count, float* out) {
-        int j = 0;  // a page's slots are contiguous rows: one address computation per run
-        table.for_each_page_run(batch, t, count, [&](int page, int slot, int run) {
-          const std::byte* base = cache.page(page);
-          const auto* c = reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(base, head, slot));
-          const meta_storage_t<P.key.meta>* m = key_meta(base, slot);
-          for (int u = 0; u < run; ++u, ++j)
-            dequantize_row_slabs<P.key.bits, P.key.group, D, P.key.meta>(
-                c + u * cache.layout.kKeyCodeBytes, m + u * 2 * (D / P.key.group), out + j * D);
+        for_each_key_row(t, count, [&](int j, const std::uint8_t* codes, const meta_storage_t<P.key.meta>* meta) {
+          dequantize_row_slabs<P.key.bits, P.key.group, D, P.key.meta>(codes, meta, out + j * D);
         });
       });
     } else {
       const std::uint8_t* codes[kTokensPerBlock];
       const meta_storage_t<P.key.meta>* meta[kTokensPerBlock];
-      int j = 0;  // a page's slots are contiguous rows: one address computation per run
-      table.for_each_page_run(batch, t0, n, [&](int page, int slot, int count) {
-        const std::byte* base = cache.page(page);
-        const auto* c = reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(base, head, slot));
-        const meta_storage_t<P.key.meta>* m = key_meta(base, slot);
-        for (int u = 0; u < count; ++u, ++j) {
-          codes[j] = c + u * cache.layout.kKeyCodeBytes;
-          meta[j] = m + u * 2 * (D / P.key.group);
-        }
+      for_each_key_row(t0, n, [&](int j, const std::uint8_t* c, const meta_storage_t<P.key.meta>* m) {
+        codes[j] = c;
+        meta[j] = m;
       });
       q8->template score_block<P.key.meta>(n, codes, meta, rows, s);
     }
@@ -220,8 +208,17 @@ struct QuantizedTileSource {
   }
 
  private:
-  const meta_storage_t<P.key.meta>* key_meta(const std::byte* page, int slot) const {
-    return reinterpret_cast<const meta_storage_t<P.key.meta>*>(cache.layout.key_meta_bytes(page, head, slot));
+  // fn(j, codes, meta) for the key row of token t0 + j, j < n: a page's slots are
+  // contiguous rows, so one address computation per page run, not one per token.
+  template <class Fn>
+  KVQ_FORCE_INLINE void for_each_key_row(int t0, int n, Fn&& fn) const {
+    int j = 0;
+    table.for_each_page_run(batch, t0, n, [&](int page, int slot, int run) {
+      const std::byte* base = cache.page(page);
+      const auto* c = reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(base, head, slot));
+      const auto* m = reinterpret_cast<const meta_storage_t<P.key.meta>*>(cache.layout.key_meta_bytes(base, head, slot));
+      for (int u = 0; u < run; ++u, ++j) fn(j, c + u * cache.layout.kKeyCodeBytes, m + u * 2 * (D / P.key.group));
+    });
   }
 };
 

@@ -73,13 +73,14 @@ struct DenseTileSource {
     for (int j = j0; j < j1; ++j) prefetch_bytes(row[j], D * sizeof(T));
   }
   // RowsAt that asks for columns i .. i + kChunk of queued row j of the next block when
-  // the column chunk at i (accumulate_rows' chunks of ≤ 4 vectors) reads token j.
+  // the column chunk at i reads token j: accumulate_rows' chunks of 4-row passes (8-row
+  // passes take half of them, and ask at every other chunk for two).
   struct RowsAtAskingFor {
     const T* const* row;
     const T* const* next;
     int next_count;
     KVQ_FORCE_INLINE FloatVec<lanes_for(D)> operator()(int j, int i) const {
-      constexpr int kChunk = D % (4 * lanes_for(D)) == 0 ? 4 * lanes_for(D) : D;
+      constexpr int kChunk = accumulate_chunk_vectors<D, 4>() * lanes_for(D);
       if (i % kChunk == 0 && j < next_count) prefetch_bytes(next[j] + i, kChunk * sizeof(T));
       return load_as_float<lanes_for(D)>(row[j] + i);
     }

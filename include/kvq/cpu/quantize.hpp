@@ -363,9 +363,7 @@ using AppendSimd = AppendSimd256;
 #endif
 #if KVQ_CPU_APPEND_SIMD
 using FwhtSimd = AppendSimd256;  // AppendSimd exists only with AVX2 + F16C
-#endif
 
-#if KVQ_CPU_APPEND_SIMD
 // One in-vector FWHT stage of stride H on the NV vectors v[].
 template <int H, int NV, class V>
 KVQ_FORCE_INLINE void butterflies_in_lanes(typename V::F* v) {

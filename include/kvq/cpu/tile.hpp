@@ -346,12 +346,20 @@ void tile_logits(const float* q, int rows_padded, const float* k, int n_padded, 
   logits_of<D>(q, rows_padded, TileAt<D>{k}, n_padded, s);
 }
 
-// A[r0..r0+RB) += Pᵀ·V over n tokens, D in chunks of up to four vectors.
+// Vectors per column chunk of accumulate_rows for RB rows: up to four (RB × C
+// accumulators stay in registers).
+template <int D, int RB>
+constexpr int accumulate_chunk_vectors() {
+  constexpr int W = lanes_for(D);
+  return D % (4 * W) == 0 && RB <= 4 ? 4 : (D % (2 * W) == 0 ? 2 : 1);
+}
+
+// A[r0..r0+RB) += Pᵀ·V over n tokens, D in chunks of accumulate_chunk_vectors.
 template <int D, int RB, class ValueAt>
 KVQ_FORCE_INLINE void accumulate_rows(const float (*KVQ_RESTRICT p)[kTokensPerBlock], int r0, const ValueAt& value_at,
                                       int n, float* KVQ_RESTRICT acc) {
   constexpr int W = lanes_for(D);
-  constexpr int C = D % (4 * W) == 0 && RB <= 4 ? 4 : (D % (2 * W) == 0 ? 2 : 1);
+  constexpr int C = accumulate_chunk_vectors<D, RB>();
   for (int i = 0; i < D; i += C * W) {
     FloatVec<W> a[RB][C];
     KVQ_UNROLL for (int r = 0; r < RB; ++r)
