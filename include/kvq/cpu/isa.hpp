@@ -21,7 +21,6 @@
 // KVQ_CPU_AVX512      512-bit SIMD with byte/word ops and mask registers (F, BW, DQ, VL)
 // KVQ_CPU_AVX512_VNNI vpdpbusd: u8×s8 dot products of four bytes into int32 lanes
 // KVQ_CPU_AVX512_VBMI vpermb: any permutation of a zmm's 64 bytes
-// KVQ_CPU_GFNI        gf2p8affineqb on zmm: any GF(2)-linear map of each byte's bits
 #if KVQ_CPU_X86 && defined(__F16C__)
 #define KVQ_CPU_F16C 1
 #else
@@ -53,12 +52,6 @@
 #define KVQ_CPU_AVX512_VBMI 0
 #endif
 
-#if KVQ_CPU_AVX512 && defined(__GFNI__)
-#define KVQ_CPU_GFNI 1
-#else
-#define KVQ_CPU_GFNI 0
-#endif
-
 #if KVQ_CPU_X86
 #include <immintrin.h>
 #endif
@@ -76,8 +69,6 @@ inline constexpr int kNativeFloatLanes = 4;
 
 // The paths this translation unit was built with, for benchmark and log headers.
 constexpr const char* isa_name() {
-  if constexpr (KVQ_CPU_AVX512_VNNI && KVQ_CPU_AVX512_VBMI && KVQ_CPU_GFNI)
-    return KVQ_CPU_F16C ? "avx512+vnni+vbmi+gfni+f16c" : "avx512+vnni+vbmi+gfni";
   if constexpr (KVQ_CPU_AVX512_VNNI && KVQ_CPU_AVX512_VBMI) return KVQ_CPU_F16C ? "avx512+vnni+vbmi+f16c" : "avx512+vnni+vbmi";
   if constexpr (KVQ_CPU_AVX512_VNNI) return KVQ_CPU_F16C ? "avx512+vnni+f16c" : "avx512+vnni";
   if constexpr (KVQ_CPU_AVX512) return KVQ_CPU_F16C ? "avx512+f16c" : "avx512";

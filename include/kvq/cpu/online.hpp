@@ -69,27 +69,50 @@ KVQ_FORCE_INLINE bool softmax_rows4(float (*s)[kTokensPerBlock], int r0, int row
                                     float* acc, float* m, float* l) {
   static_assert(kTokensPerBlock == 32);
   const __m512 neg_inf = _mm512_set1_ps(neg_inf_f());
-  __m512 x[4][2], top[4];
-  bool nan[4];
+  __m512 x[4][2];
+  int visible[4];
+  // Whether a visible logit may raise its row's running maximum: a NaN counts as one,
+  // and so does every visible row whose maximum is still −∞.
+  __mmask16 above = 0;
   KVQ_UNROLL for (int q = 0; q < 4; ++q) {
     const int r = r0 + q;
-    const int visible = r < rows ? std::clamp(row_limit[r] - t0 + 1, 0, n) : 0;
-    const std::uint32_t live = visible >= 32 ? ~0u : (1u << visible) - 1u;
+    visible[q] = r < rows ? std::clamp(row_limit[r] - t0 + 1, 0, n) : 0;
+    const std::uint32_t live = visible[q] >= 32 ? ~0u : (1u << visible[q]) - 1u;
     x[q][0] = _mm512_mask_loadu_ps(neg_inf, __mmask16(live), s[r]);
     x[q][1] = _mm512_mask_loadu_ps(neg_inf, __mmask16(live >> 16), s[r] + 16);
-    nan[q] = (_mm512_cmp_ps_mask(x[q][0], x[q][0], _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x[q][1], x[q][1], _CMP_UNORD_Q)) != 0;
-    top[q] = fold_op(x[q][0], x[q][1], true);
+    if (visible[q] > 0) {
+      const __m512 running = _mm512_set1_ps(m[r]);
+      above |= _mm512_cmp_ps_mask(x[q][0], running, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(x[q][1], running, _CMP_NLE_UQ);
+      if (m[r] == neg_inf_f()) above |= 1;
+    }
   }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, fold_rows4(top[0], top[1], top[2], top[3], true));
   float shift[4];
   bool seen[4];
-  KVQ_UNROLL for (int q = 0; q < 4; ++q) {
-    const int r = r0 + q;
-    const float block_max = nan[q] ? __builtin_nanf("") : lanes[4 * q];
-    seen[q] = block_max != neg_inf_f();
-    shift[q] = 0.f;  // rows that see nothing: exp(−∞ − 0) = 0 everywhere
-    if (seen[q]) shift[q] = raise_row_max<D>(r, block_max, acc, m, l);
+  if (above == 0) {
+    // No row's maximum rises (most blocks once a row has seen a few): block_max ≤ m, so
+    // the branch below would find the rescale the identity and shift by m. Skipping its
+    // max reduction shortens the chain from the logits to the exps (K4V2 fastest decode,
+    // 4K warm: 107.5 → 105 µs, Zen 4); the weights are the same bits.
+    KVQ_UNROLL for (int q = 0; q < 4; ++q) {
+      seen[q] = visible[q] > 0;  // all-−∞ rows add exp(−∞) = 0 either way
+      shift[q] = seen[q] ? m[r0 + q] : 0.f;
+    }
+  } else {
+    __m512 top[4];
+    bool nan[4];
+    KVQ_UNROLL for (int q = 0; q < 4; ++q) {
+      nan[q] = (_mm512_cmp_ps_mask(x[q][0], x[q][0], _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x[q][1], x[q][1], _CMP_UNORD_Q)) != 0;
+      top[q] = fold_op(x[q][0], x[q][1], true);
+    }
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, fold_rows4(top[0], top[1], top[2], top[3], true));
+    KVQ_UNROLL for (int q = 0; q < 4; ++q) {
+      const int r = r0 + q;
+      const float block_max = nan[q] ? __builtin_nanf("") : lanes[4 * q];
+      seen[q] = block_max != neg_inf_f();
+      shift[q] = 0.f;  // rows that see nothing: exp(−∞ − 0) = 0 everywhere
+      if (seen[q]) shift[q] = raise_row_max<D>(r, block_max, acc, m, l);
+    }
   }
   using Bits = GnuVec<std::uint32_t, 16>::type;
   __m512 partial[4];
@@ -100,6 +123,7 @@ KVQ_FORCE_INLINE bool softmax_rows4(float (*s)[kTokensPerBlock], int r0, int row
     _mm512_storeu_ps(s[r0 + q] + 16, e1);
     partial[q] = _mm512_add_ps(e0, e1);
   }
+  alignas(64) float lanes[16];
   _mm512_store_ps(lanes, fold_rows4(partial[0], partial[1], partial[2], partial[3], false));
   bool any = false;
   KVQ_UNROLL for (int q = 0; q < 4; ++q) {

@@ -579,8 +579,8 @@ struct Int8Query {
           KVQ_UNROLL for (int a = 0; a < kClasses; ++a) acc[a][0] = acc[a][1] = _mm512_setzero_si512();
           KVQ_UNROLL for (int m = 0; m < 4; ++m)
             KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
-              dpbusd_in_place(acc[transposed_class(m)][(m * kSlabs + k) % 2], c[m][k],
-                              *reinterpret_cast<const __m512i*>(q_lanes[r][k][m]));
+              __m512i& chain = acc[transposed_class(m)][(m * kSlabs + k) % 2];
+              chain = dpbusd_tied(chain, c[m][k], *reinterpret_cast<const __m512i*>(q_lanes[r][k][m]));
             }
           // The lo terms do not wait on the sums: each class is s·(σ·isum + μR) + lo·Σq'
           // with lo·Σq' computed aside, and the classes are added last.

@@ -423,7 +423,7 @@ struct Int8ValueBlock {
         }
         KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
           const __m512i slab = Bits == 8 ? _mm512_xor_si512(z, _mm512_set1_epi8(char(0x80))) : code_field<Bits>(z, k);
-          KVQ_UNROLL for (int r = 0; r < RB; ++r) dpbusd_in_place(acc[r][k], w[r], slab);
+          KVQ_UNROLL for (int r = 0; r < RB; ++r) acc[r][k] = dpbusd_tied(acc[r][k], w[r], slab);
         }
       }
       KVQ_UNROLL for (int r = 0; r < RB; ++r) {
