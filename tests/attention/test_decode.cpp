@@ -43,7 +43,7 @@ TEST(DecodeAttention, MatchesExactAttentionOverDequantizedCache) {
   using namespace kvq::presets;
   // Ragged lengths (incl. an empty sequence, a partial last page), GQA 1/4/8, several
   // query tokens per sequence (causal), page sizes 5–256 (5: page runs that start and end
-  // inside the decode's 32-token blocks).
+  // inside the decode's 64-token blocks).
   check_against_reference<K8V8>(16, 2, 8, {37, 0, 129}, {1, 0, 3}, 1);
   check_against_reference<K4V2>(5, 2, 8, {77, 40}, {1, 2}, 26);
   check_against_reference<K4V4>(64, 1, 1, {200}, {2}, 2);
@@ -55,8 +55,8 @@ TEST(DecodeAttention, MatchesExactAttentionOverDequantizedCache) {
 TEST(DecodeAttention, RowAndTokenCountsOfTheCpuTiles) {
   using namespace kvq::presets;
   // Rows per pass 1 (MHA decode), 3, 13, 16 and 17 (two passes); lengths around the
-  // 32-token blocks and the 4-token sub-blocks of kvq/cpu/tile.hpp.
-  check_against_reference<K4V2>(16, 2, 2, {1, 31, 32, 33, 97}, {1, 1, 1, 1, 1}, 21);
+  // 64-token blocks (kTokensPerBlock) and the 4-token sub-blocks of kvq/cpu/tile.hpp.
+  check_against_reference<K4V2>(16, 2, 2, {1, 31, 63, 64, 65, 97, 129}, {1, 1, 1, 1, 1, 1, 1}, 21);
   check_against_reference<K2V2>(16, 1, 3, {6, 65}, {1, 1}, 22);
   check_against_reference<K2V4.with_head_dim(64)>(32, 1, 13, {130}, {1}, 23);
   check_against_reference<K8V8>(16, 2, 16, {64}, {1}, 24);
@@ -151,8 +151,8 @@ TEST(DecodeAttentionSplit, MatchesOnePassOnAnyExecutor) {
   // limits end before later chunks; two passes of rows (GQA 17 rows).
   check_split<K4V2>(16, 2, 8, {1000, 0, 33}, {1, 0, 2}, 64, int8_query, 41);
   check_split<K4V2>(16, 2, 8, {1000, 0, 33}, {1, 0, 2}, 256, fp32_tiles, 42);
-  check_split<K2V2_HC>(32, 1, 17, {700}, {1}, 32, int8_query, 43);
-  check_split<K2V2_R.with_head_dim(64)>(16, 2, 4, {300, 301}, {3, 1}, 96, fp32_tiles, 44);
+  check_split<K2V2_HC>(32, 1, 17, {700}, {1}, 64, int8_query, 43);
+  check_split<K2V2_R.with_head_dim(64)>(16, 2, 4, {300, 301}, {3, 1}, 128, fp32_tiles, 44);
   check_split<K8V8>(64, 1, 1, {5000}, {1}, 4096, int8_query, 45);
 }
 
@@ -171,7 +171,7 @@ TEST(DecodeAttentionSplit, RejectsBadChunksAndWorkspaces) {
   };
   EXPECT_TRUE(call(64, {storage, bytes}).ok());
   EXPECT_EQ(kvq::split_decode_workspace_bytes<K4V2>(c.table(), params, 2, {0}), 0u);  // no division by zero
-  for (int chunk : {0, -32, 48}) {
+  for (int chunk : {0, -64, 32, 96}) {  // not multiples of the 64-token block
     const kvq::Status s = call(chunk, {storage, sizeof storage});
     EXPECT_EQ(s.code(), kvq::StatusCode::invalid_argument) << chunk;
     EXPECT_NE(s.message().find("chunk_tokens"), std::string::npos) << s.to_string();
@@ -304,9 +304,10 @@ TEST(DecodeAttention, NaNInTheCachePropagatesVisibly) {
   std::vector<float> out(128, kPoison), lse(1);
   ASSERT_TRUE(kvq::decode_attention<P>(c.const_cache(), c.table(), c.decode_params(out.data(), lse.data())).ok());
   for (float x : out) EXPECT_TRUE(std::isnan(x));
-  // The NaN key alone in the last 32-token block of the pass.
-  auto last = make_paged_case<P>(72, 16, 1, 1, {33}, {1});
-  last.k[32 * 128 + 3] = NAN;
+  // The NaN key alone in the last block of the pass.
+  constexpr int kBlock = kvq::detail::kTokensPerBlock;
+  auto last = make_paged_case<P>(72, 16, 1, 1, {kBlock + 1}, {1});
+  last.k[kBlock * 128 + 3] = NAN;
   ASSERT_TRUE(last.append_all(72).ok());
   std::fill(out.begin(), out.end(), kPoison);
   ASSERT_TRUE(kvq::decode_attention<P>(last.const_cache(), last.table(), last.decode_params(out.data(), lse.data())).ok());

@@ -41,7 +41,7 @@ TEST(DenseAttention, GoldenVectors) {
 }
 
 // Pages in shuffled order; a page size of 5 puts page boundaries inside the decode's
-// 32-token blocks, so a block's rows come from several page runs.
+// 64-token blocks, so a block's rows come from several page runs.
 void check_paged_fp16_matches_ragged_rows(int P) {
   constexpr int D = 64, hkv = 2, hq = 8;
   const int lens[2] = {45, 70};

@@ -116,7 +116,7 @@ void check_block(int n, int rows, std::uint32_t seed) {
 
 TEST(Int8Values, IntegerSumsMatchTheGenericPathAndTheBound) {
   std::uint32_t seed = 1;
-  for (int n : {1, 3, 4, 5, 17, 31, 32})
+  for (int n : {1, 3, 4, 5, 17, 31, 32, 33, 63, 64})
     for (int rows : {1, 4, 7, 16}) {
       SCOPED_TRACE(testing::Message() << "n " << n << " rows " << rows);
       check_block<2, 128, 128>(n, rows, seed++);
@@ -232,7 +232,7 @@ void check_decode(const char* label, kvq::KeyScoring keys, double output_ratio, 
     }
   }
   // The split decode runs the same passes.
-  const kvq::SplitKvConfig split{32};
+  const kvq::SplitKvConfig split{kvq::detail::kTokensPerBlock};
   const auto params = c.decode_params(nullptr, nullptr);
   std::vector<std::byte> ws(kvq::split_decode_workspace_bytes<P>(c.table(), params, hkv, split) + 64);
   auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 63) / 64 * 64);
@@ -254,7 +254,9 @@ TEST(Int8Values, DecodeErrorIsSmallNextToTheCacheError) {
   check_decode<K2V2_HC>("K2V2_HC", int8, 0.15, 32, 3, 12, {90, 91, 17}, {2, 1, 1}, 42);
   check_decode<K4V4_H.with_head_dim(256)>("K4V4_H256", fp32, 0.1, 16, 1, 4, {70}, {2}, 45);
   check_decode<K2V2_R.with_head_dim(64)>("K2V2_R64", fp32, 0.1, 16, 1, 13, {130}, {1}, 44);
-  check_decode<K8V8>("K8V8", fp32, 1.0, 16, 2, 2, {129, 33}, {1, 1}, 43);
+  // 8-bit values: the weights' 8 bits per 64-token block add about the cache's own error
+  // (1.04× here; 0.41× with 32-token blocks). The mode is meant for 2- and 4-bit values.
+  check_decode<K8V8>("K8V8", fp32, 1.5, 16, 2, 2, {129, 33}, {1, 1}, 43);
 }
 
 // The decode hands the block scorers one pointer per token, taken from runs of slots in

@@ -4,7 +4,7 @@
 // For query head j (KV head h) with rotated query q' = q·R_K and quantized token t:
 //   logit_t = τ·Σ_g Σ_{i∈g} q'_i·(s_{t,g}·c_{t,i} + lo_{t,g})
 // which is DESIGN §4's on-code form τ·Σ_g [s·Σ q'c + lo·Σ q'] summed in another order.
-// On the CPU each block of 32 tokens is dequantized into an fp32 tile in L1 and goes
+// On the CPU each block of 64 tokens is dequantized into an fp32 tile in L1 and goes
 // through the register-blocked tile products of kvq/cpu/tile.hpp, the same ones
 // the fp16 baseline uses (the CUDA kernels work on the codes directly). With
 // KeyScoring::int8_query the keys are instead scored on their codes with integer dot
@@ -459,7 +459,7 @@ Status decode_attention(const ConstPagedCacheView<P>& cache, const PageTableView
 // executor or the thread count. It equals decode_attention's up to that merge's
 // rounding. Chunks of 1–4K keys keep the merge negligible.
 struct SplitKvConfig {
-  int chunk_tokens = 2048;  // keys per task: a positive multiple of 32
+  int chunk_tokens = 2048;  // keys per task: a positive multiple of 64 (detail::kTokensPerBlock)
 };
 
 // Workspace bytes decode_attention_split needs for this call's shape (host arrays:
@@ -486,7 +486,8 @@ Status decode_attention_split(const ConstPagedCacheView<P>& cache, const PageTab
   KVQ_CHECK_ARG(!p.rotated_output || !P.value.centered, invalid_argument,
                 "attention: rotated_output needs a policy without value centering");
   KVQ_CHECK_ARG(split.chunk_tokens > 0 && split.chunk_tokens % detail::kTokensPerBlock == 0, invalid_argument,
-                "split decode: chunk_tokens must be a positive multiple of 32, got " + std::to_string(split.chunk_tokens));
+                "split decode: chunk_tokens must be a positive multiple of " + std::to_string(detail::kTokensPerBlock) +
+                    ", got " + std::to_string(split.chunk_tokens));
   const detail::SplitLayout layout(table, p, cache.layout.num_kv_heads, P.head_dim, split.chunk_tokens);
   KVQ_CHECK_ARG(workspace.size() >= layout.bytes, invalid_argument,
                 "split decode: workspace has " + std::to_string(workspace.size()) + " bytes, needs " +

@@ -60,16 +60,18 @@ KVQ_FORCE_INLINE bool softmax_row(float (*s)[kTokensPerBlock], int r, const int*
 #if KVQ_CPU_AVX512
 // softmax_row for rows r0 .. r0 + 3 at once, with the same results bit for bit (NaN
 // payloads aside): the four rows' maxima and sums are reduced together (fold_rows4, the
-// halving order of max_lanes / sum_lanes), and their 8 vectors of exp are independent.
-// A one-row step is a chain of two reductions around an exp (~130 cycles); four rows at
-// once take about the time of one (61 → 35 ns per block of 4 rows). Rows ≥ rows are
-// padding: zero weights.
+// halving order of max_lanes / sum_lanes, after block_max_of's and exp_shifted_block's
+// vector-by-vector folds), and their exps are independent. A one-row step is a chain
+// of two reductions around an exp (~130 cycles); four rows at once take about the time
+// of one (61 → 35 ns per 32-token block of 4 rows). Rows ≥ rows are padding: zero
+// weights.
 template <int D>
 KVQ_FORCE_INLINE bool softmax_rows4(float (*s)[kTokensPerBlock], int r0, int rows, const int* row_limit, int t0, int n,
                                     float* acc, float* m, float* l) {
-  static_assert(kTokensPerBlock == 32);
+  constexpr int V = kTokensPerBlock / 16;  // vectors per row
+  static_assert(kTokensPerBlock % 16 == 0 && kTokensPerBlock <= 64);
   const __m512 neg_inf = _mm512_set1_ps(neg_inf_f());
-  __m512 x[4][2];
+  __m512 x[4][V];
   int visible[4];
   // Whether a visible logit may raise its row's running maximum: a NaN counts as one,
   // and so does every visible row whose maximum is still −∞.
@@ -77,12 +79,11 @@ KVQ_FORCE_INLINE bool softmax_rows4(float (*s)[kTokensPerBlock], int r0, int row
   KVQ_UNROLL for (int q = 0; q < 4; ++q) {
     const int r = r0 + q;
     visible[q] = r < rows ? std::clamp(row_limit[r] - t0 + 1, 0, n) : 0;
-    const std::uint32_t live = visible[q] >= 32 ? ~0u : (1u << visible[q]) - 1u;
-    x[q][0] = _mm512_mask_loadu_ps(neg_inf, __mmask16(live), s[r]);
-    x[q][1] = _mm512_mask_loadu_ps(neg_inf, __mmask16(live >> 16), s[r] + 16);
+    const std::uint64_t live = visible[q] >= 64 ? ~std::uint64_t(0) : (std::uint64_t(1) << visible[q]) - 1u;
+    KVQ_UNROLL for (int v = 0; v < V; ++v) x[q][v] = _mm512_mask_loadu_ps(neg_inf, __mmask16(live >> (16 * v)), s[r] + 16 * v);
     if (visible[q] > 0) {
       const __m512 running = _mm512_set1_ps(m[r]);
-      above |= _mm512_cmp_ps_mask(x[q][0], running, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(x[q][1], running, _CMP_NLE_UQ);
+      KVQ_UNROLL for (int v = 0; v < V; ++v) above |= _mm512_cmp_ps_mask(x[q][v], running, _CMP_NLE_UQ);
       if (m[r] == neg_inf_f()) above |= 1;
     }
   }
@@ -101,8 +102,13 @@ KVQ_FORCE_INLINE bool softmax_rows4(float (*s)[kTokensPerBlock], int r0, int row
     __m512 top[4];
     bool nan[4];
     KVQ_UNROLL for (int q = 0; q < 4; ++q) {
-      nan[q] = (_mm512_cmp_ps_mask(x[q][0], x[q][0], _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x[q][1], x[q][1], _CMP_UNORD_Q)) != 0;
-      top[q] = fold_op(x[q][0], x[q][1], true);
+      __mmask16 unordered = 0;
+      top[q] = x[q][0];
+      KVQ_UNROLL for (int v = 0; v < V; ++v) {
+        unordered |= _mm512_cmp_ps_mask(x[q][v], x[q][v], _CMP_UNORD_Q);
+        if (v > 0) top[q] = fold_op(top[q], x[q][v], true);
+      }
+      nan[q] = unordered != 0;
     }
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, fold_rows4(top[0], top[1], top[2], top[3], true));
@@ -117,11 +123,11 @@ KVQ_FORCE_INLINE bool softmax_rows4(float (*s)[kTokensPerBlock], int r0, int row
   using Bits = GnuVec<std::uint32_t, 16>::type;
   __m512 partial[4];
   KVQ_UNROLL for (int q = 0; q < 4; ++q) {
-    const __m512 e0 = exp_approx<FloatVec<16>, Bits>(FloatVec<16>(x[q][0]) - shift[q]);
-    const __m512 e1 = exp_approx<FloatVec<16>, Bits>(FloatVec<16>(x[q][1]) - shift[q]);
-    _mm512_storeu_ps(s[r0 + q], e0);
-    _mm512_storeu_ps(s[r0 + q] + 16, e1);
-    partial[q] = _mm512_add_ps(e0, e1);
+    KVQ_UNROLL for (int v = 0; v < V; ++v) {
+      const __m512 e = exp_approx<FloatVec<16>, Bits>(FloatVec<16>(x[q][v]) - shift[q]);
+      _mm512_storeu_ps(s[r0 + q] + 16 * v, e);
+      partial[q] = v == 0 ? e : _mm512_add_ps(partial[q], e);
+    }
   }
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, fold_rows4(partial[0], partial[1], partial[2], partial[3], false));

@@ -27,7 +27,10 @@
 namespace kvq::detail {
 
 inline constexpr int kMaxRowsPerPass = 16;  // query rows sharing one pass over the keys
-inline constexpr int kTokensPerBlock = 32;  // tokens per tile (one rescale per block)
+// Tokens per block: one rescale, one softmax reduction, one set of int8 value weights
+// per row and block. 64 rather than 32 halves that per-block work: the K4V2 / K2V2
+// fastest decode at 32K cold took 4–8% / 10% less on a Zen 4; fp16 pages the same.
+inline constexpr int kTokensPerBlock = 64;
 
 using cpu::kNativeFloatLanes;
 

@@ -3,7 +3,7 @@
 //
 // Group g of value row j (s_jg, lo_jg, codes c_j) dequantizes to v̂_j = s_jg·c_j + lo_jg.
 // With the code midpoint μ = 2^(b−1), for the softmax weights p_rj of query row r over a
-// block of n ≤ 32 tokens, on the elements of group g,
+// block of n ≤ kTokensPerBlock tokens, on the elements of group g,
 //   Σ_j p_rj·v̂_j = Σ_j w_rjg·(c_j − μ) + [Σ_j p_rj·lo_jg + μ·Σ_j w_rjg],  w_rjg = p_rj·s_jg
 // The weights are quantized per row, group and block to unsigned 8 bits:
 //   σ_rg = max_j w_rjg / 255,  w8_rjg = round(w_rjg / σ_rg) ∈ [0, 255]
@@ -92,15 +92,16 @@ struct Int8ValueBlock {
   std::int32_t w8_sum[kMaxRowsPerPass][kGroups];
   alignas(64) std::int32_t isum[kMaxRowsPerPass][D];  // slab order
 
-  // p [rows_padded][32] softmax weights, scale/lo [kGroups][32] the block's decoded
-  // metadata, all zero past the block's n tokens (and p in rows past the pass). False
-  // when a weight is negative or a weight or bias is not finite: the caller then takes
-  // the fp32 path, which defines what such values do.
-  // Sixteen fixed lanes (lane k holds tokens k and k + 16), whatever the target's vector
-  // width, so every build sums in the same order.
+  // p [rows_padded][kTokensPerBlock] softmax weights, scale/lo [kGroups][kTokensPerBlock]
+  // the block's decoded metadata, all zero past the block's n tokens (and p in rows past
+  // the pass). False when a weight is negative or a weight or bias is not finite: the
+  // caller then takes the fp32 path, which defines what such values do.
+  // Sixteen fixed lanes (lane k holds tokens k, k + 16, k + 32, …, folded in that order),
+  // whatever the target's vector width, so every build sums in the same order.
+  static constexpr int kLaneTokens = kTokensPerBlock / 16;  // tokens per lane
   bool set_weights(const float (*p)[kTokensPerBlock], int rows_padded, const float (*scale)[kTokensPerBlock],
                    const float (*lo)[kTokensPerBlock]) {
-    static_assert(kTokensPerBlock == 32);
+    static_assert(kTokensPerBlock % 16 == 0);
 #if KVQ_GNU_HOST && KVQ_CPU_AVX512
     bool usable = true;
     for (int g = 0; g < kGroups; ++g)
@@ -212,12 +213,18 @@ struct Int8ValueBlock {
     float w[kTokensPerBlock], big[16], lanes[16];
     bool negative = false;
     for (int k = 0; k < 16; ++k) {
-      w[k] = p[k] * scale[k];
-      w[k + 16] = p[k + 16] * scale[k + 16];
-      big[k] = w[k] > 0.f ? w[k] : 0.f;
-      big[k] = w[k + 16] > big[k] ? w[k + 16] : big[k];
-      negative = negative || w[k] < 0.f || w[k + 16] < 0.f;
-      lanes[k] = (p[k] * lo[k] + p[k + 16] * lo[k + 16]) + float(kMid) * (w[k] + w[k + 16]);
+      float plo = 0.f, wsum = 0.f;
+      big[k] = 0.f;
+      for (int v = 0; v < kLaneTokens; ++v) {
+        const int j = k + 16 * v;
+        w[j] = p[j] * scale[j];
+        big[k] = w[j] > big[k] ? w[j] : big[k];
+        negative = negative || w[j] < 0.f;
+        const float plo_j = mul_rn(p[j], lo[j]);  // rounded alone: no contraction to match
+        plo = v == 0 ? plo_j : plo + plo_j;
+        wsum = v == 0 ? w[j] : wsum + w[j];
+      }
+      lanes[k] = plo + float(kMid) * wsum;
     }
     const float top = fold_lanes16<true>(big);
     const float b = fold_lanes16<false>(lanes);
@@ -237,27 +244,32 @@ struct Int8ValueBlock {
   }
 
 #if KVQ_GNU_HOST && KVQ_CPU_AVX2 && !KVQ_CPU_AVX512
-  // set_group_weights on 8-float vectors: lanes 0–7 of the sixteen (tokens 0–7 and 16–23)
-  // are one vector, lanes 8–15 the other; the halving folds are shuffles. The same
+  // set_group_weights on 8-float vectors: lanes 0–7 of the sixteen (tokens k + 16v,
+  // k < 8) are one vector per v, lanes 8–15 another; the halving folds are shuffles. The same
   // expressions, so the same contractions and bits. The scalar loop was ~17% of the K2V2
   // decode with int8 values on AVX2 (Zen 2, perf).
   bool set_group_weights_avx2(const float* p, const float* scale, const float* lo, int r, int g) {
     using V = FloatVec<8>;
+    constexpr int kVectors = kTokensPerBlock / 8;
     const V zero = zero_vec<8>();
-    V pv[4], lv[4], w[4];
-    KVQ_UNROLL for (int i = 0; i < 4; ++i) {
-      pv[i] = load_vec<8>(p + 8 * i);
-      lv[i] = load_vec<8>(lo + 8 * i);
-      w[i] = pv[i] * load_vec<8>(scale + 8 * i);
-    }
+    V w[kVectors];
     V big[2], lanes[2];
     int negative = 0;
-    KVQ_UNROLL for (int h = 0; h < 2; ++h) {
-      const V a = w[h], b = w[h + 2];  // tokens 8h + k and 16 + 8h + k
-      big[h] = a > zero ? a : zero;
-      big[h] = b > big[h] ? b : big[h];
-      negative |= _mm256_movemask_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ)) | _mm256_movemask_ps(_mm256_cmp_ps(b, zero, _CMP_LT_OQ));
-      lanes[h] = (pv[h] * lv[h] + pv[h + 2] * lv[h + 2]) + float(kMid) * (a + b);
+    KVQ_UNROLL for (int h = 0; h < 2; ++h) {  // lanes 8h .. 8h + 7: tokens 8h + k + 16v
+      V plo = zero, wsum = zero;
+      big[h] = zero;
+      KVQ_UNROLL for (int v = 0; v < kLaneTokens; ++v) {
+        const int i = 2 * v + h;
+        const V pv = load_vec<8>(p + 8 * i);
+        w[i] = pv * load_vec<8>(scale + 8 * i);
+        big[h] = w[i] > big[h] ? w[i] : big[h];
+        negative |= _mm256_movemask_ps(_mm256_cmp_ps(w[i], zero, _CMP_LT_OQ));
+        V plo_i = pv * load_vec<8>(lo + 8 * i);
+        kvq::detail::materialize(plo_i);
+        plo = v == 0 ? plo_i : plo + plo_i;
+        wsum = v == 0 ? w[i] : wsum + w[i];
+      }
+      lanes[h] = plo + float(kMid) * wsum;
     }
     // fold_lanes16's halving order (lane k with k + 8, then k + 4, k + 2, k + 1) and select.
     const float top = max_lanes<8>(big[1] > big[0] ? big[1] : big[0]);
@@ -267,18 +279,21 @@ struct Int8ValueBlock {
     bias[r][g] = b;
     using Ints = GnuVec<std::int32_t, 8>::type;
     const V lim = zero + 255.f;
-    __m256i q[4];
-    KVQ_UNROLL for (int i = 0; i < 4; ++i) {
-      V y = w[i] * inv;
-      y = y > zero ? y : zero;
-      y = y < lim ? y : lim;
-      q[i] = __m256i(__builtin_convertvector(y + 0.5f, Ints));
+    Ints total{};
+    KVQ_UNROLL for (int i0 = 0; i0 < kVectors; i0 += 4) {
+      __m256i q[4];
+      KVQ_UNROLL for (int i = 0; i < 4; ++i) {
+        V y = w[i0 + i] * inv;
+        y = y > zero ? y : zero;
+        y = y < lim ? y : lim;
+        q[i] = __m256i(__builtin_convertvector(y + 0.5f, Ints));
+        total += Ints(q[i]);
+      }
+      // 32 int32 → 32 bytes in token order (the packs interleave 128-bit lanes).
+      const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(q[0], q[1]), _mm256_packus_epi32(q[2], q[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&w8[r][g][8 * i0]),
+                          _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     }
-    // 32 int32 → 32 bytes in token order (the packs interleave 128-bit lanes).
-    const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(q[0], q[1]), _mm256_packus_epi32(q[2], q[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(&w8[r][g][0]),
-                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    const Ints total = Ints(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
     std::int32_t sum = 0;
     for (int k = 0; k < 8; ++k) sum += total[k];
     w8_sum[r][g] = sum;
@@ -296,21 +311,25 @@ struct Int8ValueBlock {
   bool set_weights_rows4(const float (*p)[kTokensPerBlock], int r0, int live, int g, const float* scale,
                          const float* lo) {
     using V = FloatVec<16>;
-    const V s0 = load_vec<16>(scale), s1 = load_vec<16>(scale + 16);
-    const V lo0 = load_vec<16>(lo), lo1 = load_vec<16>(lo + 16);
     const V zero = zero_vec<16>();
-    V w0[4], w1[4], largest[4], lanes[4];
+    V w[4][kLaneTokens], largest[4], lanes[4];
     __mmask16 negative = 0;
     KVQ_UNROLL for (int q = 0; q < 4; ++q) {
-      const V p0 = q < live ? load_vec<16>(p[r0 + q]) : zero, p1 = q < live ? load_vec<16>(p[r0 + q] + 16) : zero;
-      w0[q] = p0 * s0;
-      w1[q] = p1 * s1;
-      // The select keeps a NaN weight out of the maximum; the bias's sum catches it.
-      largest[q] = w0[q] > zero ? w0[q] : zero;
-      largest[q] = w1[q] > largest[q] ? w1[q] : largest[q];
-      negative |= _mm512_cmp_ps_mask(w0[q], zero, _CMP_LT_OQ) | _mm512_cmp_ps_mask(w1[q], zero, _CMP_LT_OQ);
-      // Per lane Σp·lo + μ·Σw, then one halving sum.
-      lanes[q] = (p0 * lo0 + p1 * lo1) + float(kMid) * (w0[q] + w1[q]);
+      // Per lane: the largest weight (the select keeps a NaN weight out of it; the bias's
+      // sum catches it), Σp·lo + μ·Σw; then one halving fold for both.
+      V plo = zero, wsum = zero;
+      largest[q] = zero;
+      KVQ_UNROLL for (int v = 0; v < kLaneTokens; ++v) {
+        const V pv = q < live ? load_vec<16>(p[r0 + q] + 16 * v) : zero;
+        w[q][v] = pv * load_vec<16>(scale + 16 * v);
+        largest[q] = w[q][v] > largest[q] ? w[q][v] : largest[q];
+        negative |= _mm512_cmp_ps_mask(w[q][v], zero, _CMP_LT_OQ);
+        V plo_v = pv * load_vec<16>(lo + 16 * v);
+        kvq::detail::materialize(plo_v);
+        plo = v == 0 ? plo_v : plo + plo_v;
+        wsum = v == 0 ? w[q][v] : wsum + w[q][v];
+      }
+      lanes[q] = plo + float(kMid) * wsum;
     }
     alignas(64) float top[16], bias_lanes[16];
     _mm512_store_ps(top, fold_rows4(largest[0], largest[1], largest[2], largest[3], true));
@@ -325,18 +344,18 @@ struct Int8ValueBlock {
       // vcvttps2dq and the wrapping add are defined for the NaN/huge values of a group
       // that will be rejected.
       const __m512 inv_vec = _mm512_set1_ps(inv), half = _mm512_set1_ps(0.5f);
-      auto to_int = [&](V w) {
-        return _mm512_maskz_cvttps_epi32(0xFFFF, _mm512_maskz_add_ps(0xFFFF, _mm512_maskz_mul_ps(0xFFFF, w, inv_vec), half));
-      };
-      const __m512i i0 = to_int(w0[q]), i1 = to_int(w1[q]);
-      count[q] = _mm512_add_epi32(i0, i1);
+      __m512i codes[kLaneTokens];
+      KVQ_UNROLL for (int v = 0; v < kLaneTokens; ++v) {
+        codes[v] = _mm512_maskz_cvttps_epi32(0xFFFF, _mm512_maskz_add_ps(0xFFFF, _mm512_maskz_mul_ps(0xFFFF, w[q][v], inv_vec), half));
+        count[q] = v == 0 ? codes[v] : _mm512_add_epi32(count[q], codes[v]);
+      }
       if (q >= live) continue;
       finite = finite && b - b == 0.f;
       const int r = r0 + q;
       sigma[r][g] = t / 255.f;
       bias[r][g] = b;
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(&w8[r][g][0]), _mm512_maskz_cvtepi32_epi8(0xFFFF, i0));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(&w8[r][g][16]), _mm512_maskz_cvtepi32_epi8(0xFFFF, i1));
+      KVQ_UNROLL for (int v = 0; v < kLaneTokens; ++v)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(&w8[r][g][16 * v]), _mm512_maskz_cvtepi32_epi8(0xFFFF, codes[v]));
     }
     alignas(64) std::int32_t sums[16];
     _mm512_store_si512(sums, fold_rows4_epi32(count[0], count[1], count[2], count[3]));
