@@ -24,7 +24,7 @@ void check_products(int rows_padded, int n, std::uint32_t seed) {
   for (auto& row : s)
     for (float& x : row) x = kvq::test::kPoison;
   const int n_padded = (n + 3) / 4 * 4;
-  kvq::detail::tile_logits<D>(q.data(), rows_padded, k.data(), n_padded, s);
+  kvq::detail::tile_logits<D>(q.data(), rows_padded, k.data(), 0, n_padded, s);
   for (int r = 0; r < rows_padded; ++r)
     for (int j = 0; j < n_padded; ++j) {
       double ref = 0;
@@ -35,6 +35,14 @@ void check_products(int rows_padded, int n, std::uint32_t seed) {
   if (n_padded < kTokensPerBlock) {
     EXPECT_EQ(s[0][n_padded], kvq::test::kPoison) << "token " << n_padded;
   }
+  // The same tokens as two tiles (first > 0 for the second, as the decode's 32-token tiles
+  // of a 64-token block): the same bits.
+  const int split = n_padded / 8 * 4;
+  float s2[kMaxRowsPerPass][kTokensPerBlock];
+  kvq::detail::tile_logits<D>(q.data(), rows_padded, k.data(), 0, split, s2);
+  kvq::detail::tile_logits<D>(q.data(), rows_padded, k.data() + split * D, split, n_padded - split, s2);
+  for (int r = 0; r < rows_padded; ++r)
+    ASSERT_EQ(std::memcmp(s[r], s2[r], n_padded * sizeof(float)), 0) << "split logits, row " << r;
 
   // Weights in [0, 1]; the accumulator starts from a nonzero state.
   const auto w = kvq::test::random_normal(std::size_t(kMaxRowsPerPass) * kTokensPerBlock, seed + 3);
@@ -43,7 +51,12 @@ void check_products(int rows_padded, int n, std::uint32_t seed) {
     for (int j = 0; j < kTokensPerBlock; ++j) p[r][j] = std::abs(w[r * kTokensPerBlock + j]) / 3.f;
   auto acc = kvq::test::random_normal(std::size_t(kMaxRowsPerPass) * D, seed + 4);
   const auto before = acc;
-  kvq::detail::tile_accumulate<D>(p, rows_padded, v.data(), n, acc.data());
+  auto acc2 = acc;
+  kvq::detail::tile_accumulate<D>(p, rows_padded, v.data(), 0, n, acc.data());
+  const int half = n / 2;
+  kvq::detail::tile_accumulate<D>(p, rows_padded, v.data(), 0, half, acc2.data());
+  kvq::detail::tile_accumulate<D>(p, rows_padded, v.data() + half * D, half, n - half, acc2.data());
+  ASSERT_EQ(std::memcmp(acc.data(), acc2.data(), acc.size() * sizeof(float)), 0) << "split accumulation";
   for (int r = 0; r < kMaxRowsPerPass; ++r)
     for (int i = 0; i < D; ++i) {
       double ref = before[r * D + i];
@@ -55,6 +68,8 @@ void check_products(int rows_padded, int n, std::uint32_t seed) {
 
 TEST(CpuTile, ProductsMatchFp64Loops) {
   check_products<64>(1, 32, 1);
+  check_products<128>(4, 64, 7);  // a whole block
+  check_products<256>(16, 61, 8);
   check_products<64>(4, 5, 2);
   check_products<128>(16, 32, 3);
   check_products<128>(8, 1, 4);

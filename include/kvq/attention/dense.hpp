@@ -93,7 +93,7 @@ struct DenseTileSource {
       rows(t0, n, [&](int j, const T* k, const T*) { key[j] = k; });
       const int n_padded = (n + 3) / 4 * 4;
       std::fill(key + n, key + n_padded, zero_row);
-      logits_of<D>(q, rows_padded, RowsAt<D, T>{key}, n_padded, s,
+      logits_of<D>(q, rows_padded, RowsAt<D, T>{key}, 0, n_padded, s,
                    [&](int j0) { ask_for(next_key, j0, std::min(j0 + 4, next_keys)); });
       ask_for(next_key, n_padded, next_keys);
       next_keys = 0;
@@ -111,7 +111,7 @@ struct DenseTileSource {
     rows(t0, n, [&](int j, const T*, const T* v) { value[j] = v; });
     alignas(64) float before[kMaxDirectRows * D];
     std::copy(acc, acc + padded * D, before);
-    accumulate_of<D>(p, padded, RowsAtAskingFor{value, next_value, std::min(n, next_values)}, n, acc);
+    accumulate_of<D>(p, padded, RowsAtAskingFor{value, next_value, std::min(n, next_values)}, 0, n, acc);
     ask_for(next_value, n, next_values);
     next_values = 0;
     if (rows_are_finite<D>(acc, padded)) return true;

@@ -163,9 +163,10 @@ KVQ_FORCE_INLINE bool softmax_block(float (*s)[kTokensPerBlock], int rows, const
 // kTokensPerBlock (a split-KV chunk starts on a block).
 //   row_limit[r]   : row r sees tokens t ≤ row_limit[r] (causal); < 0 sees none
 //   src.logits(t0, n, tile, s) : s[r][j] = τ·q_r·k̂_{t0+j} for r < rows, j < n (the
-//                                source holds the queries; tile is [kTokensPerBlock·D] scratch)
-//   src.values(t0, n, tile)    : tile[j·D + i] = v̂_{t0+j}[i] in the value order, j < n;
-//                                false unless every element is known to be finite
+//                                source holds the queries; tile is [kTileTokens·D] scratch)
+//   src.values(t0, n, tile)    : tile[j·D + i] = v̂_{t0+j}[i] in the value order, j < n ≤
+//                                kTileTokens; false unless every element is known to be
+//                                finite
 //   src.prefetch_keys(t0, n), src.prefetch_values(t0, n) : hints that the keys / values
 //                                of tokens t0 .. t0+n come next, given for the next block
 //                                before and after this block's logits: one burst of a
@@ -191,7 +192,7 @@ void attend_part(int begin, int length, int rows, const int* row_limit, float* a
   for (int r = 0; r < rows; ++r) max_limit = std::max(max_limit, row_limit[r]);
   const int end = std::min(length, max_limit + 1);
 
-  alignas(64) float tile[kTokensPerBlock * D];
+  alignas(64) float tile[kTileTokens * D];
   alignas(64) float s[kMaxRowsPerPass][kTokensPerBlock];  // logits, then probability weights
   for (int t0 = begin; t0 < end; t0 += kTokensPerBlock) {
     const int n = std::min(kTokensPerBlock, end - t0);
@@ -207,31 +208,37 @@ void attend_part(int begin, int length, int rows, const int* row_limit, float* a
     if (!softmax_block<D>(s, rows, row_limit, t0, n, acc, m, l)) continue;
     if constexpr (requires { src.accumulate_values(t0, n, s, rows_padded, acc); })
       if (src.accumulate_values(t0, n, s, rows_padded, acc)) continue;
-    // Zero weight never multiplies a NaN/Inf value: such a token goes to its rows with
-    // nonzero weight alone, then leaves the tile.
-    if (!src.values(t0, n, tile)) {
-      for (int j = 0; j < n; ++j) {
-        float* v = tile + j * D;
-        if (rows_are_finite<D>(v, 1)) continue;
-        for (int r = 0; r < rows; ++r)
-          if (s[r][j] != 0.f)
-            for (int i = 0; i < D; ++i) acc[r * D + i] += s[r][j] * v[i];
-        std::fill(v, v + D, 0.f);
+    // A tile at a time. Zero weight never multiplies a NaN/Inf value: such a token goes
+    // to its rows with nonzero weight alone, then leaves the tile.
+    for (int first = 0; first < n; first += kTileTokens) {
+      const int count = std::min(kTileTokens, n - first);
+      if (!src.values(t0 + first, count, tile)) {
+        for (int j = 0; j < count; ++j) {
+          float* v = tile + j * D;
+          if (rows_are_finite<D>(v, 1)) continue;
+          for (int r = 0; r < rows; ++r)
+            if (s[r][first + j] != 0.f)
+              for (int i = 0; i < D; ++i) acc[r * D + i] += s[r][first + j] * v[i];
+          std::fill(v, v + D, 0.f);
+        }
       }
+      tile_accumulate<D>(s, rows_padded, tile, first, count, acc);
     }
-    tile_accumulate<D>(s, rows_padded, tile, n, acc);
   }
 }
 
-// Source::logits for keys that come as fp32 tiles: load_keys(t0, n, tile) fills
-// tile[j·D + i] in the order of q, which is [padded_rows(rows)][D], × τ, zero-padded.
+// Source::logits for keys that come as fp32 tiles, kTileTokens at a time:
+// load_keys(t, count, tile) fills tile[j·D + i] for tokens t .. t + count in the order of
+// q, which is [padded_rows(rows)][D], × τ; the last tile is zero-padded to 4 tokens.
 template <int D, class LoadKeys>
 KVQ_FORCE_INLINE void logits_from_tile(const float* q, int rows_padded, int t0, int n, float* tile,
                                        float (*s)[kTokensPerBlock], LoadKeys&& load_keys) {
-  const int n_padded = (n + 3) / 4 * 4;
-  load_keys(t0, n, tile);
-  std::fill(tile + n * D, tile + n_padded * D, 0.f);
-  tile_logits<D>(q, rows_padded, tile, n_padded, s);
+  for (int first = 0; first < n; first += kTileTokens) {
+    const int count = std::min(kTileTokens, n - first), padded = (count + 3) / 4 * 4;
+    load_keys(t0 + first, count, tile);
+    std::fill(tile + count * D, tile + padded * D, 0.f);
+    tile_logits<D>(q, rows_padded, tile, first, padded, s);
+  }
 }
 
 }  // namespace kvq::detail

@@ -32,6 +32,10 @@ inline constexpr int kMaxRowsPerPass = 16;  // query rows sharing one pass over 
 // decode on a Zen 4, 4K warm 101.1 → 98.8 / 97.3 → 93.3 µs, 32K cold ~2% / ~4% (README);
 // fp16 pages the same. The int8 value weights then keep 8 bits per 64 tokens.
 inline constexpr int kTokensPerBlock = 64;
+// Tokens per fp32 tile (the fp32-tile paths run a block as tiles of this many): 16 KB at
+// d 128, which L1 holds beside the rows it is filled from. A 64-token tile made the fp32
+// key and value tiles 5–11% slower (Zen 4, 32K cold).
+inline constexpr int kTileTokens = 32;
 
 using cpu::kNativeFloatLanes;
 
@@ -284,8 +288,11 @@ KVQ_FORCE_INLINE FloatVec<W> load_as_float(const T* KVQ_RESTRICT src) {
 // Accessor of an fp32 tile [n][D].
 template <int D>
 struct TileAt {
-  const float* KVQ_RESTRICT tile;
-  KVQ_FORCE_INLINE FloatVec<lanes_for(D)> operator()(int j, int i) const { return load_vec<lanes_for(D)>(tile + j * D + i); }
+  const float* KVQ_RESTRICT tile;  // [count][D], token first first
+  int first;
+  KVQ_FORCE_INLINE FloatVec<lanes_for(D)> operator()(int j, int i) const {
+    return load_vec<lanes_for(D)>(tile + (j - first) * D + i);
+  }
 };
 
 // Accessor of rows of T: row[j] points at token j's [D] elements.
@@ -325,14 +332,15 @@ struct NoGroupHook {
   void operator()(int) const {}
 };
 
-// S = Q·Kᵀ for rows_padded rows (1 or a multiple of 4) and n_padded tokens (multiple of
-// 4). Up to 8 rows share each key load (so rows converted in registers are converted
-// once); more rows take blocks of 4. before_group(j0) runs before each group of 4 tokens
-// (the fp16 source spreads its prefetches there).
+// S = Q·Kᵀ for rows_padded rows (1 or a multiple of 4) and tokens first .. first +
+// n_padded (n_padded a multiple of 4). Up to 8 rows share each key load (so rows
+// converted in registers are converted once); more rows take blocks of 4.
+// before_group(j0) runs before each group of 4 tokens (the fp16 source spreads its
+// prefetches there).
 template <int D, class KeyAt, class GroupHook = NoGroupHook>
-void logits_of(const float* q, int rows_padded, const KeyAt& key_at, int n_padded, float (*s)[kTokensPerBlock],
-               const GroupHook& before_group = {}) {
-  for (int j0 = 0; j0 < n_padded; j0 += 4) {
+void logits_of(const float* q, int rows_padded, const KeyAt& key_at, int first, int n_padded,
+               float (*s)[kTokensPerBlock], const GroupHook& before_group = {}) {
+  for (int j0 = first; j0 < first + n_padded; j0 += 4) {
     before_group(j0);
     if (rows_padded == 1) {
       logits_block<D, 1, 4>(q, key_at, 0, j0, s);
@@ -345,9 +353,10 @@ void logits_of(const float* q, int rows_padded, const KeyAt& key_at, int n_padde
   }
 }
 
+// k: the tile [n_padded][D] of tokens first .. first + n_padded.
 template <int D>
-void tile_logits(const float* q, int rows_padded, const float* k, int n_padded, float (*s)[kTokensPerBlock]) {
-  logits_of<D>(q, rows_padded, TileAt<D>{k}, n_padded, s);
+void tile_logits(const float* q, int rows_padded, const float* k, int first, int n_padded, float (*s)[kTokensPerBlock]) {
+  logits_of<D>(q, rows_padded, TileAt<D>{k, first}, first, n_padded, s);
 }
 
 // Vectors per column chunk of accumulate_rows for RB rows: up to four (RB × C
@@ -358,17 +367,19 @@ constexpr int accumulate_chunk_vectors() {
   return D % (4 * W) == 0 && RB <= 4 ? 4 : (D % (2 * W) == 0 ? 2 : 1);
 }
 
-// A[r0..r0+RB) += Pᵀ·V over n tokens, D in chunks of accumulate_chunk_vectors.
+// A[r0..r0+RB) += Pᵀ·V over tokens first .. first + n, D in chunks of
+// accumulate_chunk_vectors. Tokens in order: two calls over consecutive ranges give the
+// bits of one.
 template <int D, int RB, class ValueAt>
 KVQ_FORCE_INLINE void accumulate_rows(const float (*KVQ_RESTRICT p)[kTokensPerBlock], int r0, const ValueAt& value_at,
-                                      int n, float* KVQ_RESTRICT acc) {
+                                      int first, int n, float* KVQ_RESTRICT acc) {
   constexpr int W = lanes_for(D);
   constexpr int C = accumulate_chunk_vectors<D, RB>();
   for (int i = 0; i < D; i += C * W) {
     FloatVec<W> a[RB][C];
     KVQ_UNROLL for (int r = 0; r < RB; ++r)
       KVQ_UNROLL for (int c = 0; c < C; ++c) a[r][c] = load_vec<W>(acc + (r0 + r) * D + i + c * W);
-    for (int j = 0; j < n; ++j) {
+    for (int j = first; j < first + n; ++j) {
       FloatVec<W> vv[C];
       KVQ_UNROLL for (int c = 0; c < C; ++c) vv[c] = value_at(j, i + c * W);
       KVQ_UNROLL for (int r = 0; r < RB; ++r) {
@@ -384,19 +395,21 @@ KVQ_FORCE_INLINE void accumulate_rows(const float (*KVQ_RESTRICT p)[kTokensPerBl
 // A += Pᵀ·V for rows_padded rows (1 or a multiple of 4); as in logits_of, up to 8 rows
 // share each value load.
 template <int D, class ValueAt>
-void accumulate_of(const float (*p)[kTokensPerBlock], int rows_padded, const ValueAt& value_at, int n, float* acc) {
+void accumulate_of(const float (*p)[kTokensPerBlock], int rows_padded, const ValueAt& value_at, int first, int n,
+                   float* acc) {
   if (rows_padded == 1) {
-    accumulate_rows<D, 1>(p, 0, value_at, n, acc);
+    accumulate_rows<D, 1>(p, 0, value_at, first, n, acc);
   } else if (rows_padded == 8) {
-    accumulate_rows<D, 8>(p, 0, value_at, n, acc);
+    accumulate_rows<D, 8>(p, 0, value_at, first, n, acc);
   } else {
-    for (int r0 = 0; r0 < rows_padded; r0 += 4) accumulate_rows<D, 4>(p, r0, value_at, n, acc);
+    for (int r0 = 0; r0 < rows_padded; r0 += 4) accumulate_rows<D, 4>(p, r0, value_at, first, n, acc);
   }
 }
 
+// v: the tile [n][D] of tokens first .. first + n.
 template <int D>
-void tile_accumulate(const float (*p)[kTokensPerBlock], int rows_padded, const float* v, int n, float* acc) {
-  accumulate_of<D>(p, rows_padded, TileAt<D>{v}, n, acc);
+void tile_accumulate(const float (*p)[kTokensPerBlock], int rows_padded, const float* v, int first, int n, float* acc) {
+  accumulate_of<D>(p, rows_padded, TileAt<D>{v, first}, first, n, acc);
 }
 
 // e^x without libm (the libm call per logit cost as much as the products): Cephes'
