@@ -251,6 +251,7 @@ struct Int8ValueBlock {
   bool set_group_weights_avx2(const float* p, const float* scale, const float* lo, int r, int g) {
     using V = FloatVec<8>;
     constexpr int kVectors = kTokensPerBlock / 8;
+    static_assert(kVectors % 4 == 0, "kvq: the packs below take 32 tokens at a time");
     const V zero = zero_vec<8>();
     V w[kVectors];
     V big[2], lanes[2];
@@ -344,10 +345,10 @@ struct Int8ValueBlock {
       // vcvttps2dq and the wrapping add are defined for the NaN/huge values of a group
       // that will be rejected.
       const __m512 inv_vec = _mm512_set1_ps(inv), half = _mm512_set1_ps(0.5f);
-      __m512i codes[kLaneTokens];
+      __m512i w8_lanes[kLaneTokens];
       KVQ_UNROLL for (int v = 0; v < kLaneTokens; ++v) {
-        codes[v] = _mm512_maskz_cvttps_epi32(0xFFFF, _mm512_maskz_add_ps(0xFFFF, _mm512_maskz_mul_ps(0xFFFF, w[q][v], inv_vec), half));
-        count[q] = v == 0 ? codes[v] : _mm512_add_epi32(count[q], codes[v]);
+        w8_lanes[v] = _mm512_maskz_cvttps_epi32(0xFFFF, _mm512_maskz_add_ps(0xFFFF, _mm512_maskz_mul_ps(0xFFFF, w[q][v], inv_vec), half));
+        count[q] = v == 0 ? w8_lanes[v] : _mm512_add_epi32(count[q], w8_lanes[v]);
       }
       if (q >= live) continue;
       finite = finite && b - b == 0.f;
@@ -355,7 +356,7 @@ struct Int8ValueBlock {
       sigma[r][g] = t / 255.f;
       bias[r][g] = b;
       KVQ_UNROLL for (int v = 0; v < kLaneTokens; ++v)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(&w8[r][g][16 * v]), _mm512_maskz_cvtepi32_epi8(0xFFFF, codes[v]));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(&w8[r][g][16 * v]), _mm512_maskz_cvtepi32_epi8(0xFFFF, w8_lanes[v]));
     }
     alignas(64) std::int32_t sums[16];
     _mm512_store_si512(sums, fold_rows4_epi32(count[0], count[1], count[2], count[3]));
