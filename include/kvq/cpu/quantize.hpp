@@ -561,8 +561,10 @@ constexpr auto odd_even_merge_sort() {
 // slots P − K … P − 1.
 template <int K>
 constexpr auto padded_bitonic_merge() {
-  constexpr int P = std::bit_ceil(unsigned(K));
   auto plan = [](Comparator* out) {
+    // P inside the lambda: a capture-less lambda may not name an enclosing local (GCC
+    // accepts it for a constant, clang 14 does not).
+    constexpr int P = std::bit_ceil(unsigned(K));
     bool pad[P] = {};
     for (int i = K; i < P; ++i) pad[i] = true;
     int c = 0;
