@@ -4,8 +4,8 @@
 // For query head j (KV head h) with rotated query q' = q·R_K and quantized token t:
 //   logit_t = τ·Σ_g Σ_{i∈g} q'_i·(s_{t,g}·c_{t,i} + lo_{t,g})
 // which is DESIGN §4's on-code form τ·Σ_g [s·Σ q'c + lo·Σ q'] summed in another order.
-// On the CPU each block of 64 tokens is dequantized into an fp32 tile in L1 and goes
-// through the register-blocked tile products of kvq/cpu/tile.hpp, the same ones
+// On the CPU each block of 64 tokens is dequantized, 32 tokens at a time, into fp32 tiles
+// in L1 that go through the register-blocked tile products of kvq/cpu/tile.hpp, the same ones
 // the fp16 baseline uses (the CUDA kernels work on the codes directly). With
 // KeyScoring::int8_query the keys are instead scored on their codes with integer dot
 // products against a per-group int8 query (kvq/cpu/query_int8.hpp), and with

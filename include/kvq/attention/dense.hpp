@@ -42,9 +42,10 @@ struct DenseTileSource {
   // logits asks for the keys four tokens at a time between its token groups, and
   // accumulate_values for the values one token and column chunk at a time as each
   // column chunk walks the tokens (all in the first chunk, cold fp16 pages took ~4%
-  // longer on a Zen 4). A burst of a block's 256 lines (keys and values of 32 tokens)
-  // into L1 (prefetcht0) fills the L1 miss buffers and stalls: spread, fp16 pages from
-  // DRAM (32K tokens, 2 KV heads, one Zen 5 core) took 3.0 → 1.9–2.1 ms.
+  // longer on a Zen 4). A burst of a whole block's lines into L1 (prefetcht0; 256 lines
+  // for the keys and values of the 32-token blocks of then) fills the L1 miss buffers and
+  // stalls: spread, fp16 pages from DRAM (32K tokens, 2 KV heads, one Zen 5 core) took
+  // 3.0 → 1.9–2.1 ms.
   const T* next_key[kTokensPerBlock] = {};
   const T* next_value[kTokensPerBlock] = {};
   int next_keys = 0, next_values = 0;
