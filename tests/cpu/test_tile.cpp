@@ -15,16 +15,14 @@ namespace {
 using kvq::detail::kMaxRowsPerPass;
 using kvq::detail::kTokensPerBlock;
 
-template <int D>
-void check_products(int rows_padded, int n, std::uint32_t seed) {
-  const auto q = kvq::test::random_normal(std::size_t(rows_padded) * D, seed);
-  const auto k = kvq::test::random_normal(std::size_t(kTokensPerBlock) * D, seed + 1);
-  const auto v = kvq::test::random_normal(std::size_t(kTokensPerBlock) * D, seed + 2);
+// The logits in W-lane vectors against fp64; their bits do not depend on the tile split.
+template <int D, int W>
+void check_logits(const std::vector<float>& q, int rows_padded, const std::vector<float>& k, int n_padded) {
+  SCOPED_TRACE(testing::Message() << "logits in " << W << " lanes");
   float s[kMaxRowsPerPass][kTokensPerBlock];
   for (auto& row : s)
     for (float& x : row) x = kvq::test::kPoison;
-  const int n_padded = (n + 3) / 4 * 4;
-  kvq::detail::tile_logits<D>(q.data(), rows_padded, k.data(), 0, n_padded, s);
+  kvq::detail::tile_logits<D, W>(q.data(), rows_padded, k.data(), 0, n_padded, s);
   for (int r = 0; r < rows_padded; ++r)
     for (int j = 0; j < n_padded; ++j) {
       double ref = 0;
@@ -39,10 +37,23 @@ void check_products(int rows_padded, int n, std::uint32_t seed) {
   // of a 64-token block): the same bits.
   const int split = n_padded / 8 * 4;
   float s2[kMaxRowsPerPass][kTokensPerBlock];
-  kvq::detail::tile_logits<D>(q.data(), rows_padded, k.data(), 0, split, s2);
-  kvq::detail::tile_logits<D>(q.data(), rows_padded, k.data() + split * D, split, n_padded - split, s2);
+  kvq::detail::tile_logits<D, W>(q.data(), rows_padded, k.data(), 0, split, s2);
+  kvq::detail::tile_logits<D, W>(q.data(), rows_padded, k.data() + split * D, split, n_padded - split, s2);
   for (int r = 0; r < rows_padded; ++r)
     ASSERT_EQ(std::memcmp(s[r], s2[r], n_padded * sizeof(float)), 0) << "split logits, row " << r;
+}
+
+template <int D>
+void check_products(int rows_padded, int n, std::uint32_t seed) {
+  const auto q = kvq::test::random_normal(std::size_t(rows_padded) * D, seed);
+  const auto k = kvq::test::random_normal(std::size_t(kTokensPerBlock) * D, seed + 1);
+  const auto v = kvq::test::random_normal(std::size_t(kTokensPerBlock) * D, seed + 2);
+  const int n_padded = (n + 3) / 4 * 4;
+  // The build's width (KVQ_CPU_FP32_LOGIT_BITS), and with AVX-512 the other one too.
+  constexpr int W = kvq::detail::logit_lanes_for(D);
+  check_logits<D, W>(q, rows_padded, k, n_padded);
+  if constexpr (W == 8 && kvq::detail::lanes_for(D) == 16) check_logits<D, 16>(q, rows_padded, k, n_padded);
+  if constexpr (W == 16) check_logits<D, 8>(q, rows_padded, k, n_padded);
 
   // Weights in [0, 1]; the accumulator starts from a nonzero state.
   const auto w = kvq::test::random_normal(std::size_t(kMaxRowsPerPass) * kTokensPerBlock, seed + 3);

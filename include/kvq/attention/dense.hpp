@@ -80,10 +80,11 @@ struct DenseTileSource {
     const T* const* row;
     const T* const* next;
     int next_count;
-    KVQ_FORCE_INLINE FloatVec<lanes_for(D)> operator()(int j, int i) const {
+    template <int W>
+    KVQ_FORCE_INLINE FloatVec<W> load(int j, int i) const {
       constexpr int kChunk = accumulate_chunk_vectors<D, 4>() * lanes_for(D);
       if (i % kChunk == 0 && j < next_count) prefetch_bytes(next[j] + i, kChunk * sizeof(T));
-      return load_as_float<lanes_for(D)>(row[j] + i);
+      return load_as_float<W>(row[j] + i);
     }
   };
 

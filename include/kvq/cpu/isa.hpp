@@ -67,6 +67,28 @@ inline constexpr int kNativeFloatLanes = 8;
 inline constexpr int kNativeFloatLanes = 4;
 #endif
 
+// The width of the fp32 logits' vectors (kvq/cpu/tile.hpp: Q·Kᵀ over fp16/bf16/fp32 pages
+// and fp32 key tiles), in bits: 512 or 256 with AVX-512, the native width otherwise. Zen 4
+// splits every 512-bit operation over its 256-bit pipes, and there 256-bit logits are
+// faster: 42.6 → 34.2 cycles per token at 4 query rows, d 128, from L1, and fp16 pages'
+// decode 32K cold 2.50 → 2.38 ms (2026-12-05). (256-bit value sums were faster from L1 too,
+// 36.3 → 33.1, but with twice the column passes over a block they took the cold decode to
+// 2.65 ms; they stay native.) Cores with two 512-bit FMA units (Intel server cores, Zen 5
+// server) keep 512. The default follows the compiler's -mtune: 256 when tuning for Zen 4
+// (GCC 12's -march=native there says znver3, a core without AVX-512). At 256 bits each
+// logit sums its products in 8 lanes instead of 16, as the AVX2 build does.
+#ifndef KVQ_CPU_FP32_LOGIT_BITS
+#if defined(__AVX512F__) && (defined(__tune_znver4__) || defined(__tune_znver3__))
+#define KVQ_CPU_FP32_LOGIT_BITS 256
+#else
+#define KVQ_CPU_FP32_LOGIT_BITS 512
+#endif
+#endif
+static_assert(KVQ_CPU_FP32_LOGIT_BITS == 256 || KVQ_CPU_FP32_LOGIT_BITS == 512,
+              "kvq: KVQ_CPU_FP32_LOGIT_BITS must be 256 or 512");
+inline constexpr int kLogitFloatLanes =
+    kNativeFloatLanes < KVQ_CPU_FP32_LOGIT_BITS / 32 ? kNativeFloatLanes : KVQ_CPU_FP32_LOGIT_BITS / 32;
+
 // The paths this translation unit was built with, for benchmark and log headers.
 constexpr const char* isa_name() {
   if constexpr (KVQ_CPU_AVX512_VNNI && KVQ_CPU_AVX512_VBMI) return KVQ_CPU_F16C ? "avx512+vnni+vbmi+f16c" : "avx512+vnni+vbmi";

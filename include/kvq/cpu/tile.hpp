@@ -37,17 +37,20 @@ inline constexpr int kTokensPerBlock = 64;
 // key and value tiles 5–11% slower (Zen 4, 32K cold).
 inline constexpr int kTileTokens = 32;
 
+using cpu::kLogitFloatLanes;
 using cpu::kNativeFloatLanes;
 
 // KVQ_UNROLL (config.hpp) fully unrolls the register blocks below, so they stay in
 // registers.
 
-// Widest native vector that divides D (D is a multiple of 4 wherever this is used).
-constexpr int lanes_for(int d) {
-  int w = kNativeFloatLanes;
+// Widest vector of at most `widest` floats that divides D (D is a multiple of 4 wherever
+// this is used): native for the value sums, KVQ_CPU_FP32_LOGIT_BITS for the logits.
+constexpr int lanes_for(int d, int widest = kNativeFloatLanes) {
+  int w = widest;
   while (w > 4 && d % w != 0) w /= 2;
   return w;
 }
+constexpr int logit_lanes_for(int d) { return lanes_for(d, kLogitFloatLanes); }
 
 #if KVQ_GNU_HOST
 template <int W>
@@ -249,7 +252,7 @@ KVQ_FORCE_INLINE void sum_lanes_16(const FloatVec<W>* v, float* out) {
 }
 
 // The products below read their keys and values through an accessor:
-//   at(j, i) → FloatVec<W> of elements i .. i+W of token j (W = lanes_for(D))
+//   load<W>(j, i) → FloatVec<W> of elements i .. i+W of token j
 // either from an fp32 tile (TileAt) or straight from rows of fp16/bf16/fp32, converted
 // in registers (RowsAt); the operations, and so the bits, are the same for both.
 
@@ -290,8 +293,9 @@ template <int D>
 struct TileAt {
   const float* KVQ_RESTRICT tile;  // [count][D], token first first
   int first;
-  KVQ_FORCE_INLINE FloatVec<lanes_for(D)> operator()(int j, int i) const {
-    return load_vec<lanes_for(D)>(tile + (j - first) * D + i);
+  template <int W>
+  KVQ_FORCE_INLINE FloatVec<W> load(int j, int i) const {
+    return load_vec<W>(tile + (j - first) * D + i);
   }
 };
 
@@ -299,22 +303,38 @@ struct TileAt {
 template <int D, ActivationType T>
 struct RowsAt {
   const T* const* row;
-  KVQ_FORCE_INLINE FloatVec<lanes_for(D)> operator()(int j, int i) const { return load_as_float<lanes_for(D)>(row[j] + i); }
+  template <int W>
+  KVQ_FORCE_INLINE FloatVec<W> load(int j, int i) const {
+    return load_as_float<W>(row[j] + i);
+  }
 };
 
-// S[r][j] for r < RB, j < TB over one row block and one token block.
-template <int D, int RB, int TB, class KeyAt>
+// Makes the compiler hold v in a register: GCC otherwise folds a query vector that TB
+// products share into each product as a memory operand, one load per product, and 256-bit
+// logits then ran 48 instead of 34 cycles per token (Zen 4, 4 rows, d 128).
+template <class V>
+KVQ_FORCE_INLINE void keep_in_register(V& v) {
+#if KVQ_CPU_X86
+  asm("" : "+v"(v));
+#else
+  (void)v;
+#endif
+}
+
+// S[r][j] for r < RB, j < TB over one row block and one token block, in W-lane vectors.
+template <int D, int RB, int TB, int W, class KeyAt>
 KVQ_FORCE_INLINE void logits_block(const float* KVQ_RESTRICT q, const KeyAt& key_at, int r0, int j0,
                                    float (*KVQ_RESTRICT s)[kTokensPerBlock]) {
-  constexpr int W = lanes_for(D);
+  static_assert(W <= kNativeFloatLanes && D % W == 0);
   FloatVec<W> acc[RB][TB];
   KVQ_UNROLL for (int r = 0; r < RB; ++r)
     KVQ_UNROLL for (int j = 0; j < TB; ++j) acc[r][j] = zero_vec<W>();
   for (int i = 0; i < D; i += W) {
     FloatVec<W> kv[TB];
-    KVQ_UNROLL for (int j = 0; j < TB; ++j) kv[j] = key_at(j0 + j, i);
+    KVQ_UNROLL for (int j = 0; j < TB; ++j) kv[j] = key_at.template load<W>(j0 + j, i);
     KVQ_UNROLL for (int r = 0; r < RB; ++r) {
-      const FloatVec<W> qv = load_vec<W>(q + (r0 + r) * D + i);
+      FloatVec<W> qv = load_vec<W>(q + (r0 + r) * D + i);
+      keep_in_register(qv);
       KVQ_UNROLL for (int j = 0; j < TB; ++j) acc[r][j] += qv * kv[j];
     }
   }
@@ -336,27 +356,28 @@ struct NoGroupHook {
 // n_padded (n_padded a multiple of 4). Up to 8 rows share each key load (so rows
 // converted in registers are converted once); more rows take blocks of 4.
 // before_group(j0) runs before each group of 4 tokens (the fp16 source spreads its
-// prefetches there).
-template <int D, class KeyAt, class GroupHook = NoGroupHook>
+// prefetches there). W: the lanes that each logit's products are summed in (the tests
+// take both widths of an AVX-512 build).
+template <int D, int W = logit_lanes_for(D), class KeyAt, class GroupHook = NoGroupHook>
 void logits_of(const float* q, int rows_padded, const KeyAt& key_at, int first, int n_padded,
                float (*s)[kTokensPerBlock], const GroupHook& before_group = {}) {
   for (int j0 = first; j0 < first + n_padded; j0 += 4) {
     before_group(j0);
     if (rows_padded == 1) {
-      logits_block<D, 1, 4>(q, key_at, 0, j0, s);
+      logits_block<D, 1, 4, W>(q, key_at, 0, j0, s);
     } else if (rows_padded == 8) {
-      logits_block<D, 8, 2>(q, key_at, 0, j0, s);
-      logits_block<D, 8, 2>(q, key_at, 0, j0 + 2, s);
+      logits_block<D, 8, 2, W>(q, key_at, 0, j0, s);
+      logits_block<D, 8, 2, W>(q, key_at, 0, j0 + 2, s);
     } else {
-      for (int r0 = 0; r0 < rows_padded; r0 += 4) logits_block<D, 4, 4>(q, key_at, r0, j0, s);
+      for (int r0 = 0; r0 < rows_padded; r0 += 4) logits_block<D, 4, 4, W>(q, key_at, r0, j0, s);
     }
   }
 }
 
 // k: the tile [n_padded][D] of tokens first .. first + n_padded.
-template <int D>
+template <int D, int W = logit_lanes_for(D)>
 void tile_logits(const float* q, int rows_padded, const float* k, int first, int n_padded, float (*s)[kTokensPerBlock]) {
-  logits_of<D>(q, rows_padded, TileAt<D>{k, first}, first, n_padded, s);
+  logits_of<D, W>(q, rows_padded, TileAt<D>{k, first}, first, n_padded, s);
 }
 
 // Vectors per column chunk of accumulate_rows for RB rows: up to four (RB × C
@@ -381,7 +402,7 @@ KVQ_FORCE_INLINE void accumulate_rows(const float (*KVQ_RESTRICT p)[kTokensPerBl
       KVQ_UNROLL for (int c = 0; c < C; ++c) a[r][c] = load_vec<W>(acc + (r0 + r) * D + i + c * W);
     for (int j = first; j < first + n; ++j) {
       FloatVec<W> vv[C];
-      KVQ_UNROLL for (int c = 0; c < C; ++c) vv[c] = value_at(j, i + c * W);
+      KVQ_UNROLL for (int c = 0; c < C; ++c) vv[c] = value_at.template load<W>(j, i + c * W);
       KVQ_UNROLL for (int r = 0; r < RB; ++r) {
         const float w = p[r0 + r][j];
         KVQ_UNROLL for (int c = 0; c < C; ++c) a[r][c] += w * vv[c];
