@@ -7,6 +7,7 @@
 #   .ci/kvq.sh test   build everything (CUDA when nvcc is found) and run the whole test suite
 #   .ci/kvq.sh asan   CPU tests under ASan+UBSan
 #   .ci/kvq.sh fuzz   bounded libFuzzer runs of the file readers, safetensors and GGUF (needs clang)
+#   .ci/kvq.sh clang  the CPU and attention tests (portable, AVX-512, AVX2) built with clang
 #
 # Missing Debian packages are installed first (as root, via apt-get).
 set -euo pipefail
@@ -70,8 +71,19 @@ case "${1:-}" in
         "build/fuzz/$reader" "${entry#*:}"
     done
     ;;
+  clang)
+    deps
+    cpu_tests=(test_cpu test_cpu_native test_cpu_avx2 test_attention test_attention_native test_attention_avx2)
+    build clang "${cpu_tests[@]}"
+    for t in "${cpu_tests[@]}"; do
+      bin=$(find build/clang/tests -name "$t" -type f -perm -u+x | head -n1)
+      if [ -z "$bin" ]; then echo "kvq: $t was not built (compiler flag missing?)"; continue; fi
+      "$bin" --gtest_brief=1
+    done
+    ctest --test-dir build/clang --output-on-failure -R '^cpu\.prefetch_emitted\.'
+    ;;
   *)
-    sed -n '2,10p' "$0"
+    sed -n '2,11p' "$0"
     exit 2
     ;;
 esac
