@@ -351,6 +351,7 @@ BENCHMARK(BM_RotateDense<256>)->Arg(0)->Arg(1)->Arg(4);
 int main(int argc, char** argv) {
   benchmark::AddCustomContext("kvq_cpu_isa", kvq::cpu::isa_name());
   benchmark::AddCustomContext("kvq_cpu_float_lanes", std::to_string(kvq::cpu::kNativeFloatLanes));
+  benchmark::AddCustomContext("kvq_cpu_logit_lanes", std::to_string(kvq::cpu::kLogitFloatLanes));
   benchmark::AddCustomContext("kvq_cpu_prefetch_locality", std::to_string(KVQ_CPU_PREFETCH_LOCALITY));
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
