@@ -70,13 +70,14 @@ inline constexpr int kNativeFloatLanes = 4;
 // The width of the fp32 logits' vectors (kvq/cpu/tile.hpp: Q·Kᵀ over fp16/bf16/fp32 pages
 // and fp32 key tiles), in bits: 512 or 256 with AVX-512, the native width otherwise. Zen 4
 // splits every 512-bit operation over its 256-bit pipes, and there 256-bit logits are
-// faster: 42.6 → 34.2 cycles per token at 4 query rows, d 128, from L1, and fp16 pages'
-// decode 32K cold 2.50 → 2.38 ms (2026-12-05). (256-bit value sums were faster from L1 too,
-// 36.3 → 33.1, but with twice the column passes over a block they took the cold decode to
-// 2.65 ms; they stay native.) Cores with two 512-bit FMA units (Intel server cores, Zen 5
-// server) keep 512. The default follows the compiler's -mtune: 256 when tuning for Zen 4
-// (GCC 12's -march=native there says znver3, a core without AVX-512). At 256 bits each
-// logit sums its products in 8 lanes instead of 16, as the AVX2 build does.
+// faster: 42.6 → 34.2 cycles per token at 4 query rows, d 128, from L1; the fp16 pages'
+// decode 4K warm 236 → 220 µs, 32K cold 2.51–2.60 → 2.42–2.45 ms, and equal or faster at
+// d 64/128/256 and GQA 1–16 (README, 2026-12-05). (256-bit value sums were faster from L1
+// too, 36.3 → 33.1, but with twice the column passes over a block they took the cold decode
+// to 2.65 ms; they stay native.) Cores with 512-bit datapaths (Intel's two-FMA-unit cores,
+// Zen 5) should keep 512; not measured. The default follows the compiler's -mtune: 256 when
+// tuning for Zen 4 (GCC 12's -march=native there says znver3, a core without AVX-512). At
+// 256 bits each logit sums its products in 8 lanes instead of 16, as the AVX2 build does.
 #ifndef KVQ_CPU_FP32_LOGIT_BITS
 #if defined(__AVX512F__) && (defined(__tune_znver4__) || defined(__tune_znver3__))
 #define KVQ_CPU_FP32_LOGIT_BITS 256
