@@ -11,8 +11,10 @@
 // exactly 8), tokens by 4; callers pad Q, P and the keys with zeros up to those multiples.
 //
 // SIMD width follows the compiler's target flags, chosen by the engine: 16 floats with
-// AVX-512F, 8 with AVX, else 4 (SSE2 / NEON), through GCC/Clang vector extensions.
-// Other compilers, and nvcc (whose tests include the CPU reference), use a lane loop.
+// AVX-512F, 8 with AVX, else 4 (SSE2 / NEON), through GCC/Clang vector extensions; the
+// logits take 8 with AVX-512 where KVQ_CPU_FP32_LOGIT_BITS is 256 (kvq/cpu/isa.hpp: the
+// default when tuning for Zen 4). Other compilers, and nvcc (whose tests include the CPU
+// reference), use a lane loop.
 #pragma once
 
 #include <bit>
