@@ -159,19 +159,12 @@ struct QuantizedTileSource {
   // once the page walks lost their per-run division, ahead of them sooner; that cost the
   // cold decode up to 10% (Zen 4, 32K tokens from DRAM, medians of alternating runs:
   // K4V2 fastest 810 µs as before, 895 without the divisions, 783 with both changes;
-  // K2V2 768 / 758 / 747; 4K warm 103 / 99 / 100 and 99 / 95 / 97).
+  // K2V2 768 / 758 / 747; 4K warm K4V2 103 / 99 / 100–102, K2V2 99 / 95 / 97–101).
   void prefetch_keys(int t0, int n) {
     next_key = t0;
     next_keys = n;
   }
-  void prefetch_values(int t0, int n) const {
-    table.for_each_page_run(batch, t0, n, [&](int page, int slot, int count) {
-      const auto& L = cache.layout;
-      const std::byte* base = cache.page(page);
-      prefetch_bytes(L.value_codes(base, head, slot), count * L.kValueCodeBytes);
-      prefetch_bytes(L.value_meta_bytes(base, head, slot), count * L.kValueMetaBytes);
-    });
-  }
+  void prefetch_values(int t0, int n) const { ask_for_rows<false>(t0, n); }
   // Finite metadata with |s|·levels + |lo| finite bounds every |s·c + lo|, so the rows
   // are finite without looking at them.
   bool values(int t0, int n, float* tile) const {
@@ -226,14 +219,23 @@ struct QuantizedTileSource {
       for (int u = 0; u < run; ++u, ++j) fn(j, c + u * cache.layout.kKeyCodeBytes, m + u * 2 * (D / P.key.group));
     });
   }
-  void ask_for_queued_keys() {
-    if (next_keys <= 0) return;
-    table.for_each_page_run(batch, next_key, next_keys, [&](int page, int slot, int run) {
+  // Prefetches the codes and metadata of tokens t0 .. t0 + n: keys or values.
+  template <bool kKeys>
+  void ask_for_rows(int t0, int n) const {
+    table.for_each_page_run(batch, t0, n, [&](int page, int slot, int run) {
       const auto& L = cache.layout;
       const std::byte* base = cache.page(page);
-      prefetch_bytes(L.key_codes(base, head, slot), run * L.kKeyCodeBytes);
-      prefetch_bytes(L.key_meta_bytes(base, head, slot), run * L.kKeyMetaBytes);
+      if constexpr (kKeys) {
+        prefetch_bytes(L.key_codes(base, head, slot), run * L.kKeyCodeBytes);
+        prefetch_bytes(L.key_meta_bytes(base, head, slot), run * L.kKeyMetaBytes);
+      } else {
+        prefetch_bytes(L.value_codes(base, head, slot), run * L.kValueCodeBytes);
+        prefetch_bytes(L.value_meta_bytes(base, head, slot), run * L.kValueMetaBytes);
+      }
     });
+  }
+  void ask_for_queued_keys() {
+    ask_for_rows<true>(next_key, next_keys);
     next_keys = 0;
   }
 };
