@@ -140,4 +140,54 @@ TEST(DenseAttention, DirectRowsMatchTheTilePath) {
   check_direct_rows_match_tiles<float>(13);
 }
 
+// dense_decode attends up to 8 KV heads together, as many as 32 query rows hold
+// (kLockstepRows): 5 heads × 2 rows go as one group of 5, GQA 12 as groups of 2, 2, 1
+// heads, and 2 query tokens of GQA 12 (24 rows) as passes of 16 and 8 rows, groups of 2
+// and 4. Every row must get the bits of its head attended alone, and stay within fp64
+// attention over the rows.
+void check_lockstep_heads_match_single_heads(int group, int nq, std::uint32_t seed) {
+  constexpr int D = 64, hkv = 5, len = 150;
+  const int hq = hkv * group;
+  const auto k = kvq::test::random_normal(len * hkv * D, seed), v = kvq::test::random_normal(len * hkv * D, seed + 1);
+  const auto q = kvq::test::random_normal(std::size_t(nq) * hq * D, seed + 2);
+  const std::int32_t q_indptr[2] = {0, nq}, kv_indptr[2] = {0, len}, offset = len - nq - 20;  // causal, 20 tokens hidden
+  std::vector<float> out(q.size(), kvq::test::kPoison), lse(std::size_t(nq) * hq, kvq::test::kPoison);
+  const kvq::DecodeParams<float, float> p{q.data(), q_indptr, hq, &offset, 0.f, false, out.data(), lse.data()};
+  ASSERT_TRUE((kvq::dense_attention<D>(k.data(), v.data(), kv_indptr, 1, hkv, p).ok()));
+  const double tau = 1.0 / std::sqrt(double(D));
+  for (int h = 0; h < hkv; ++h) {
+    // Head h alone: its rows and its group's queries.
+    std::vector<float> kh, vh, qh;
+    for (int t = 0; t < len; ++t) {
+      kh.insert(kh.end(), k.begin() + (std::size_t(t) * hkv + h) * D, k.begin() + (std::size_t(t) * hkv + h + 1) * D);
+      vh.insert(vh.end(), v.begin() + (std::size_t(t) * hkv + h) * D, v.begin() + (std::size_t(t) * hkv + h + 1) * D);
+    }
+    for (int i = 0; i < nq; ++i) {
+      const auto first = q.begin() + (std::size_t(i) * hq + h * group) * D;
+      qh.insert(qh.end(), first, first + group * D);
+    }
+    std::vector<float> out1(qh.size(), kvq::test::kPoison), lse1(std::size_t(nq) * group, kvq::test::kPoison);
+    const kvq::DecodeParams<float, float> p1{qh.data(), q_indptr, group, &offset, 0.f, false, out1.data(), lse1.data()};
+    ASSERT_TRUE((kvq::dense_attention<D>(kh.data(), vh.data(), kv_indptr, 1, 1, p1).ok()));
+    for (int i = 0; i < nq; ++i)
+      for (int j = 0; j < group; ++j) {
+        const std::size_t row = std::size_t(i) * hq + h * group + j, row1 = std::size_t(i) * group + j;
+        ASSERT_EQ(lse[row], lse1[row1]) << "head " << h << " token " << i << " query head " << j;
+        for (int d = 0; d < D; ++d) ASSERT_EQ(out[row * D + d], out1[row1 * D + d]) << "head " << h << " row " << row;
+        double want[D];
+        const double want_lse =
+            kvq::exact_attention_row(q.data() + row * D, k.data() + h * D, v.data() + h * D, std::size_t(hkv) * D, len,
+                                     offset + i, D, tau, want);
+        EXPECT_NEAR(lse[row], want_lse, 1e-5) << "head " << h << " row " << row;
+        for (int d = 0; d < D; ++d) EXPECT_NEAR(out[row * D + d], want[d], 1e-5) << "head " << h << " row " << row;
+      }
+  }
+}
+
+TEST(DenseAttention, LockstepHeadsMatchSingleHeads) {
+  check_lockstep_heads_match_single_heads(2, 1, 21);
+  check_lockstep_heads_match_single_heads(12, 1, 22);
+  check_lockstep_heads_match_single_heads(12, 2, 23);
+}
+
 }  // namespace

@@ -36,8 +36,8 @@ template <int D, ActivationType T, class Rows>
 struct DenseTileSource {
   static constexpr int kMaxDirectRows = 8;
   Rows rows;
-  const float* q;
-  int rows_padded;
+  const float* q = nullptr;
+  int rows_padded = 0;
   // Prefetch queues. prefetch_keys / prefetch_values record the next block's rows;
   // logits asks for the keys four tokens at a time between its token groups, and
   // accumulate_values for the values one token and column chunk at a time as each
@@ -128,44 +128,84 @@ struct DenseTileSource {
   }
 };
 
-// Attention of every sequence and KV head; rows(b, h, t0, n, fn) calls
+// The rows of sequence b and KV head h for DenseTileSource: fn(j, key_row, value_row)
+// for tokens t0 + j, j < n.
+template <class RowsOf>
+struct HeadRows {
+  const RowsOf* rows_of = nullptr;
+  int b = 0, h = 0;
+  template <class Fn>
+  KVQ_FORCE_INLINE void operator()(int t0, int n, Fn&& fn) const {
+    (*rows_of)(b, h, t0, n, fn);
+  }
+};
+
+// KV heads that dense_decode attends in lockstep, a block of every head before the next
+// block: up to 8, as many as kLockstepRows rows of queries and sums hold (8 heads at
+// GQA 4, 2 heads of 16 rows). A page holds each head's key and value regions one after
+// the other, so the heads of a group read it in one long run instead of one 2·P·D run
+// per head; from DRAM one core streams that faster (fp16 pages, d 128, GQA 4, one Zen 4
+// core, cold, medians µs: 2 KV heads × 32K tokens 2500 → 2270 with both heads together;
+// 8 KV heads × 8K tokens, 1 / 2 / 4 / 8 heads together 2440 / 2380 / 2330 / 2170).
+inline constexpr int kMaxLockstepKvHeads = 8;
+inline constexpr int kLockstepRows = 2 * kMaxRowsPerPass;
+
+// Attention of every sequence and KV head; rows_of(b, h, t0, n, fn) calls
 // fn(j, key_row, value_row) with the [D] rows of T of tokens t0 + j, seq_len(b) is the
-// part length.
-template <int D, ActivationType T, ActivationType QT, ActivationType OT, class SeqLen, class Rows>
-void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& seq_len, Rows&& rows_of) {
+// part length. Each row's result is the same bits as with its head alone.
+template <int D, ActivationType T, ActivationType QT, ActivationType OT, class SeqLen, class RowsOf>
+void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& seq_len, const RowsOf& rows_of) {
   static_assert(D >= 8 && D % 8 == 0, "kvq: dense attention needs head_dim a multiple of 8");
+  using Source = DenseTileSource<D, T, HeadRows<RowsOf>>;
   const int hq = p.num_qo_heads, group = hq / hkv;
   const float tau = p.scale(D);
-  alignas(64) float qs[kMaxRowsPerPass * D];  // τ·q
-  int limit[kMaxRowsPerPass];
-  alignas(64) float acc[kMaxRowsPerPass * D];
-  float m[kMaxRowsPerPass], l[kMaxRowsPerPass];
+  // Head u of a lockstep group owns rows [u·rows_padded, (u + 1)·rows_padded) of these.
+  alignas(64) float qs[kLockstepRows * D];   // τ·q
+  alignas(64) float acc[kLockstepRows * D];  // Σ p·v
+  float m[kLockstepRows], l[kLockstepRows];
+  int limit[kLockstepRows];
+  Source sources[kMaxLockstepKvHeads];
+  PartState parts[kMaxLockstepKvHeads];
+  alignas(64) float tile[kTileTokens * D];
+  alignas(64) float s[kMaxRowsPerPass][kTokensPerBlock];  // logits, then probability weights
   for (int b = 0; b < batch; ++b) {
     const int q0 = p.q_indptr[b], nq = p.q_indptr[b + 1] - q0;
     const int len = seq_len(b);
     const int offset = p.causal_offset ? p.causal_offset[b] : len - nq;
-    for (int h = 0; h < hkv; ++h) {
-      auto block_rows = [&, b, h](int t0, int n, auto&& fn) { rows_of(b, h, t0, n, fn); };
-      for (int r0 = 0; r0 < nq * group; r0 += kMaxRowsPerPass) {
-        const int rows = std::min(kMaxRowsPerPass, nq * group - r0);
-        DenseTileSource<D, T, decltype(block_rows)> source{block_rows, qs, padded_rows(rows)};
-        std::fill(qs, qs + padded_rows(rows) * D, 0.f);
-        for (int rr = 0; rr < rows; ++rr) {
-          const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
-          const QT* src = p.q + (std::size_t(q0 + i) * hq + j) * D;
-          for (int d = 0; d < D; ++d) qs[rr * D + d] = tau * to_float(src[d]);
-          const long long lim = static_cast<long long>(i) + offset;
-          limit[rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
+    // Query row r of KV head h: query token r / group, query head h·group + r % group.
+    auto row_of = [&](int h, int r) { return std::size_t(q0 + r / group) * hq + h * group + r % group; };
+    for (int r0 = 0; r0 < nq * group; r0 += kMaxRowsPerPass) {
+      const int rows = std::min(kMaxRowsPerPass, nq * group - r0), rows_padded = padded_rows(rows);
+      const int heads_together = std::min(kMaxLockstepKvHeads, kLockstepRows / rows_padded);
+      for (int h0 = 0; h0 < hkv; h0 += heads_together) {
+        const int count = std::min(heads_together, hkv - h0);
+        int end = 0;
+        for (int u = 0; u < count; ++u) {
+          const int first = u * rows_padded;
+          std::fill(qs + first * D, qs + (first + rows_padded) * D, 0.f);
+          for (int rr = 0; rr < rows; ++rr) {
+            const QT* src = p.q + row_of(h0 + u, r0 + rr) * D;
+            for (int d = 0; d < D; ++d) qs[(first + rr) * D + d] = tau * to_float(src[d]);
+            const long long lim = static_cast<long long>((r0 + rr) / group) + offset;
+            limit[first + rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
+          }
+          sources[u] = Source{HeadRows<RowsOf>{&rows_of, b, h0 + u}, qs + first * D, rows_padded};
+          parts[u] = attend_begin<D>(len, rows, limit + first, acc + first * D, m + first, l + first);
+          end = std::max(end, parts[u].end);
         }
-        attend_part<D>(0, len, rows, limit, acc, m, l, source);
-        for (int rr = 0; rr < rows; ++rr) {
-          const int i = (r0 + rr) / group, j = h * group + (r0 + rr) % group;
-          const bool empty = l[rr] == 0.f;
-          const float inv_l = empty ? 0.f : 1.f / l[rr];
-          OT* dst = p.out + (std::size_t(q0 + i) * hq + j) * D;
-          for (int d = 0; d < D; ++d) dst[d] = from_float<OT>(acc[rr * D + d] * inv_l);
-          if (p.lse) p.lse[std::size_t(q0 + i) * hq + j] = empty ? neg_inf_f() : m[rr] + std::log(l[rr]);
-        }
+        for (int t0 = 0; t0 < end; t0 += kTokensPerBlock)
+          for (int u = 0; u < count; ++u)
+            if (t0 < parts[u].end) attend_block<D>(parts[u], t0, tile, s, sources[u]);
+        for (int u = 0; u < count; ++u)
+          for (int rr = 0; rr < rows; ++rr) {
+            const int r = u * rows_padded + rr;
+            const std::size_t row = row_of(h0 + u, r0 + rr);
+            const bool empty = l[r] == 0.f;
+            const float inv_l = empty ? 0.f : 1.f / l[r];
+            OT* dst = p.out + row * D;
+            for (int d = 0; d < D; ++d) dst[d] = from_float<OT>(acc[r * D + d] * inv_l);
+            if (p.lse) p.lse[row] = empty ? neg_inf_f() : m[r] + std::log(l[r]);
+          }
       }
     }
   }

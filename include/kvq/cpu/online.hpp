@@ -159,9 +159,37 @@ KVQ_FORCE_INLINE bool softmax_block(float (*s)[kTokensPerBlock], int rows, const
   return any;
 }
 
-// Runs the online softmax over tokens [begin, length); begin is a multiple of
-// kTokensPerBlock (a split-KV chunk starts on a block).
+// One part's online-softmax state between blocks: attend_begin sets it up and
+// attend_block advances it by one block, so that several parts can walk their keys in
+// lockstep (dense_decode takes two KV heads a block at a time) with attend_part's bits.
 //   row_limit[r]   : row r sees tokens t ≤ row_limit[r] (causal); < 0 sees none
+//   acc  : [padded_rows(rows)][D]; at the end rows < `rows` hold Σ p·v̂ (unnormalized)
+//   m, l : [rows] running max (of τ·logits) and sum
+//   end  : one past the last token any row sees (≤ the part's length)
+struct PartState {
+  int rows, rows_padded, end;
+  const int* row_limit;
+  float* acc;
+  float* m;
+  float* l;
+};
+
+template <int D>
+PartState attend_begin(int length, int rows, const int* row_limit, float* acc, float* m, float* l) {
+  const int rows_padded = padded_rows(rows);
+  for (int r = 0; r < rows; ++r) {
+    m[r] = neg_inf_f();
+    l[r] = 0.f;
+  }
+  std::fill(acc, acc + rows_padded * D, 0.f);
+  int max_limit = -1;
+  for (int r = 0; r < rows; ++r) max_limit = std::max(max_limit, row_limit[r]);
+  return {rows, rows_padded, std::min(length, max_limit + 1), row_limit, acc, m, l};
+}
+
+// The block of tokens t0 .. min(t0 + kTokensPerBlock, part.end) (t0 < part.end, a
+// multiple of kTokensPerBlock). tile [kTileTokens·D] and s [kMaxRowsPerPass][kTokensPerBlock]
+// are scratch that does not outlive the call. The source:
 //   src.logits(t0, n, tile, s) : s[r][j] = τ·q_r·k̂_{t0+j} for r < rows, j < n (the
 //                                source holds the queries; tile is [kTileTokens·D] scratch)
 //   src.values(t0, n, tile)    : tile[j·D + i] = v̂_{t0+j}[i] in the value order, j < n ≤
@@ -177,54 +205,52 @@ KVQ_FORCE_INLINE bool softmax_block(float (*s)[kTokensPerBlock], int rows, const
 //                                touch_os_page in kvq/cpu/tile.hpp)
 //   src.accumulate_values(t0, n, p, rows_padded, acc) (optional): acc += p·V̂ without a
 //                                value tile; false leaves acc alone and takes values()
-//   acc  : [padded_rows(rows)][D]; on return rows < `rows` hold Σ p·v̂ (unnormalized)
-//   m, l : [rows] running max (of τ·logits) and sum
 // A non-finite value row reaches only the rows whose weight for it is nonzero.
 template <int D, class Source>
-void attend_part(int begin, int length, int rows, const int* row_limit, float* acc, float* m, float* l, Source& src) {
-  const int rows_padded = padded_rows(rows);
-  for (int r = 0; r < rows; ++r) {
-    m[r] = neg_inf_f();
-    l[r] = 0.f;
+KVQ_FORCE_INLINE void attend_block(const PartState& part, int t0, float* tile, float (*s)[kTokensPerBlock],
+                                   Source& src) {
+  const int rows = part.rows, rows_padded = part.rows_padded, end = part.end;
+  float* acc = part.acc;
+  const int n = std::min(kTokensPerBlock, end - t0);
+  const int next = t0 + kTokensPerBlock, next_n = std::min(kTokensPerBlock, end - next);
+  if (next_n > 0) src.prefetch_keys(next, next_n);
+  if constexpr (requires { src.touch_pages(t0, n); }) {
+    const int after_next = next + kTokensPerBlock;
+    if (after_next < end) src.touch_pages(after_next, std::min(kTokensPerBlock, end - after_next));
   }
-  std::fill(acc, acc + rows_padded * D, 0.f);
-  int max_limit = -1;
-  for (int r = 0; r < rows; ++r) max_limit = std::max(max_limit, row_limit[r]);
-  const int end = std::min(length, max_limit + 1);
+  src.logits(t0, n, tile, s);
+  if (next_n > 0) src.prefetch_values(next, next_n);
+  // Mask, then one rescale per block and row.
+  if (!softmax_block<D>(s, rows, part.row_limit, t0, n, acc, part.m, part.l)) return;
+  if constexpr (requires { src.accumulate_values(t0, n, s, rows_padded, acc); })
+    if (src.accumulate_values(t0, n, s, rows_padded, acc)) return;
+  // A tile at a time. Zero weight never multiplies a NaN/Inf value: such a token goes
+  // to its rows with nonzero weight alone, then leaves the tile.
+  for (int first = 0; first < n; first += kTileTokens) {
+    const int count = std::min(kTileTokens, n - first);
+    if (!src.values(t0 + first, count, tile)) {
+      for (int j = 0; j < count; ++j) {
+        float* v = tile + j * D;
+        if (rows_are_finite<D>(v, 1)) continue;
+        for (int r = 0; r < rows; ++r)
+          if (s[r][first + j] != 0.f)
+            for (int i = 0; i < D; ++i) acc[r * D + i] += s[r][first + j] * v[i];
+        std::fill(v, v + D, 0.f);
+      }
+    }
+    tile_accumulate<D>(s, rows_padded, tile, first, count, acc);
+  }
+}
 
+// Runs the online softmax of one part over tokens [begin, length); begin is a multiple
+// of kTokensPerBlock (a split-KV chunk starts on a block). Arguments as PartState's and
+// attend_block's.
+template <int D, class Source>
+void attend_part(int begin, int length, int rows, const int* row_limit, float* acc, float* m, float* l, Source& src) {
+  const PartState part = attend_begin<D>(length, rows, row_limit, acc, m, l);
   alignas(64) float tile[kTileTokens * D];
   alignas(64) float s[kMaxRowsPerPass][kTokensPerBlock];  // logits, then probability weights
-  for (int t0 = begin; t0 < end; t0 += kTokensPerBlock) {
-    const int n = std::min(kTokensPerBlock, end - t0);
-    const int next = t0 + kTokensPerBlock, next_n = std::min(kTokensPerBlock, end - next);
-    if (next_n > 0) src.prefetch_keys(next, next_n);
-    if constexpr (requires { src.touch_pages(t0, n); }) {
-      const int after_next = next + kTokensPerBlock;
-      if (after_next < end) src.touch_pages(after_next, std::min(kTokensPerBlock, end - after_next));
-    }
-    src.logits(t0, n, tile, s);
-    if (next_n > 0) src.prefetch_values(next, next_n);
-    // Mask, then one rescale per block and row.
-    if (!softmax_block<D>(s, rows, row_limit, t0, n, acc, m, l)) continue;
-    if constexpr (requires { src.accumulate_values(t0, n, s, rows_padded, acc); })
-      if (src.accumulate_values(t0, n, s, rows_padded, acc)) continue;
-    // A tile at a time. Zero weight never multiplies a NaN/Inf value: such a token goes
-    // to its rows with nonzero weight alone, then leaves the tile.
-    for (int first = 0; first < n; first += kTileTokens) {
-      const int count = std::min(kTileTokens, n - first);
-      if (!src.values(t0 + first, count, tile)) {
-        for (int j = 0; j < count; ++j) {
-          float* v = tile + j * D;
-          if (rows_are_finite<D>(v, 1)) continue;
-          for (int r = 0; r < rows; ++r)
-            if (s[r][first + j] != 0.f)
-              for (int i = 0; i < D; ++i) acc[r * D + i] += s[r][first + j] * v[i];
-          std::fill(v, v + D, 0.f);
-        }
-      }
-      tile_accumulate<D>(s, rows_padded, tile, first, count, acc);
-    }
-  }
+  for (int t0 = begin; t0 < part.end; t0 += kTokensPerBlock) attend_block<D>(part, t0, tile, s, src);
 }
 
 // Source::logits for keys that come as fp32 tiles, kTileTokens at a time:
