@@ -143,11 +143,17 @@ struct QuantizedTileSource {
         });
       });
     } else {
-      const std::uint8_t* codes[kTokensPerBlock];
-      const meta_storage_t<P.key.meta>* meta[kTokensPerBlock];
-      for_each_key_row(t0, n, [&](int j, const std::uint8_t* c, const meta_storage_t<P.key.meta>* m) {
-        codes[j] = c;
-        meta[j] = m;
+      const std::uint8_t* codes[kRowPointerSlots];
+      const meta_storage_t<P.key.meta>* meta[kRowPointerSlots];
+      int j = 0;
+      table.for_each_page_run(batch, t0, n, [&](int page, int slot, int run) {
+        const std::byte* base = cache.page(page);
+        strided_rows(codes + j, reinterpret_cast<const std::uint8_t*>(cache.layout.key_codes(base, head, slot)),
+                     cache.layout.kKeyCodeBytes, run);
+        strided_rows(meta + j,
+                     reinterpret_cast<const meta_storage_t<P.key.meta>*>(cache.layout.key_meta_bytes(base, head, slot)),
+                     cache.layout.kKeyMetaBytes, run);
+        j += run;
       });
       q8->template score_block<P.key.meta>(n, codes, meta, rows, s);
       ask_for_queued_keys();
@@ -186,13 +192,13 @@ struct QuantizedTileSource {
     if constexpr (kInt8Values) {
       if (!v8) return false;
       constexpr int kGroups = D / P.value.group;
-      const std::uint8_t* codes[kTokensPerBlock];
+      const std::uint8_t* codes[kRowPointerSlots];
       alignas(64) meta_storage_t<P.value.meta> raw[kTokensPerBlock][2 * kGroups] = {};
       int j = 0;
       table.for_each_page_run(batch, t0, n, [&](int page, int slot, int count) {
         const std::byte* base = cache.page(page);
-        const auto* c = reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(base, head, slot));
-        for (int u = 0; u < count; ++u) codes[j + u] = c + u * cache.layout.kValueCodeBytes;
+        strided_rows(codes + j, reinterpret_cast<const std::uint8_t*>(cache.layout.value_codes(base, head, slot)),
+                     cache.layout.kValueCodeBytes, count);
         std::memcpy(raw[j], cache.layout.value_meta_bytes(base, head, slot), count * sizeof raw[0]);
         j += count;
       });

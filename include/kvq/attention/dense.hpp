@@ -146,7 +146,9 @@ struct HeadRows {
 // the other, so the heads of a group read it in one long run instead of one 2·P·D run
 // per head; from DRAM one core streams that faster (fp16 pages, d 128, GQA 4, one Zen 4
 // core, cold, medians µs: 2 KV heads × 32K tokens 2500 → 2270 with both heads together;
-// 8 KV heads × 8K tokens, 1 / 2 / 4 / 8 heads together 2440 / 2380 / 2330 / 2170).
+// 8 KV heads × 8K tokens, 1 / 2 / 4 / 8 heads together 2440 / 2380 / 2330 / 2170). The
+// quantized decode, bound by compute, got slower the same way (2 heads together, K4V2
+// fastest 32K cold 800 → 970 µs, 4K warm 101 → 102 µs), so it keeps one head at a time.
 inline constexpr int kMaxLockstepKvHeads = 8;
 inline constexpr int kLockstepRows = 2 * kMaxRowsPerPass;
 

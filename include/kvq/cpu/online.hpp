@@ -161,7 +161,7 @@ KVQ_FORCE_INLINE bool softmax_block(float (*s)[kTokensPerBlock], int rows, const
 
 // One part's online-softmax state between blocks: attend_begin sets it up and
 // attend_block advances it by one block, so that several parts can walk their keys in
-// lockstep (dense_decode takes two KV heads a block at a time) with attend_part's bits.
+// lockstep (dense_decode takes up to 8 KV heads a block at a time) with attend_part's bits.
 //   row_limit[r]   : row r sees tokens t ≤ row_limit[r] (causal); < 0 sees none
 //   acc  : [padded_rows(rows)][D]; at the end rows < `rows` hold Σ p·v̂ (unnormalized)
 //   m, l : [rows] running max (of τ·logits) and sum
