@@ -23,7 +23,8 @@ namespace kvq {
 namespace detail {
 
 // Keys and values of one sequence and KV head for attend_part. rows(t0, n, fn) calls
-// fn(j, key_row, value_row) with the [D] rows of T of tokens t0 + j, j < n; q is
+// fn(j, key, value, count, stride) for runs of tokens t0 + j .. t0 + j + count (j < n)
+// whose [D] rows of T are key + u·stride and value + u·stride, u < count; q is
 // [padded_rows(rows)][D], × τ.
 //
 // Up to kMaxDirectRows query rows, the products read the rows themselves and convert
@@ -46,16 +47,16 @@ struct DenseTileSource {
   // for the keys and values of the 32-token blocks of then) fills the L1 miss buffers and
   // stalls: spread, fp16 pages from DRAM (32K tokens, 2 KV heads, one Zen 5 core) took
   // 3.0 → 1.9–2.1 ms.
-  const T* next_key[kTokensPerBlock] = {};
-  const T* next_value[kTokensPerBlock] = {};
+  const T* next_key[kRowPointerSlots] = {};
+  const T* next_value[kRowPointerSlots] = {};
   int next_keys = 0, next_values = 0;
 
   void prefetch_keys(int t0, int n) {
-    rows(t0, n, [&](int j, const T* key, const T*) { next_key[j] = key; });
+    row_pointers<true>(t0, n, next_key);
     next_keys = n;
   }
   void prefetch_values(int t0, int n) {
-    rows(t0, n, [&](int j, const T*, const T* value) { next_value[j] = value; });
+    row_pointers<false>(t0, n, next_value);
     next_values = n;
   }
   // One line of each 4 KB OS page of the rows of tokens t0 .. t0 + n, two blocks ahead:
@@ -65,9 +66,19 @@ struct DenseTileSource {
   // not gain (K4V2 / K2V2 fastest within noise), so only this source touches.
   void touch_pages(int t0, int n) {
     std::uintptr_t key_page = 0, value_page = 0;
-    rows(t0, n, [&](int, const T* key, const T* value) {
-      touch_os_page(key, key_page);
-      touch_os_page(value, value_page);
+    rows(t0, n, [&](int, const T* key, const T* value, int count, std::size_t stride) {
+      for (int u = 0; u < count; ++u) {
+        touch_os_page(key + u * stride, key_page);
+        touch_os_page(value + u * stride, value_page);
+      }
+    });
+  }
+  // out[j] = the key (kKeys) or value row of token t0 + j, j < n; out has
+  // kRowPointerSlots (strided_rows).
+  template <bool kKeys>
+  KVQ_FORCE_INLINE void row_pointers(int t0, int n, const T** out) {
+    rows(t0, n, [&](int j, const T* key, const T* value, int count, std::size_t stride) {
+      strided_rows(out + j, kKeys ? key : value, stride * sizeof(T), count);
     });
   }
   static void ask_for(const T* const* row, int j0, int j1) {
@@ -91,8 +102,8 @@ struct DenseTileSource {
   void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) {
     if (rows_padded <= kMaxDirectRows) {
       alignas(64) static constexpr T zero_row[D] = {};
-      const T* key[kTokensPerBlock];
-      rows(t0, n, [&](int j, const T* k, const T*) { key[j] = k; });
+      const T* key[kRowPointerSlots];
+      row_pointers<true>(t0, n, key);
       const int n_padded = (n + 3) / 4 * 4;
       std::fill(key + n, key + n_padded, zero_row);
       logits_of<D>(q, rows_padded, RowsAt<D, T>{key}, 0, n_padded, s,
@@ -104,13 +115,15 @@ struct DenseTileSource {
     ask_for(next_key, 0, next_keys);
     next_keys = 0;
     logits_from_tile<D>(q, rows_padded, t0, n, tile, s, [&](int t, int count, float* out) {
-      rows(t, count, [&](int j, const T* key, const T*) { convert_row<D>(key, out + j * D); });
+      rows(t, count, [&](int j, const T* key, const T*, int run, std::size_t stride) {
+        for (int u = 0; u < run; ++u) convert_row<D>(key + u * stride, out + (j + u) * D);
+      });
     });
   }
   bool accumulate_values(int t0, int n, const float (*p)[kTokensPerBlock], int padded, float* acc) {
     if (padded > kMaxDirectRows) return false;
-    const T* value[kTokensPerBlock];
-    rows(t0, n, [&](int j, const T*, const T* v) { value[j] = v; });
+    const T* value[kRowPointerSlots];
+    row_pointers<false>(t0, n, value);
     alignas(64) float before[kMaxDirectRows * D];
     std::copy(acc, acc + padded * D, before);
     accumulate_of<D>(p, padded, RowsAtAskingFor{value, next_value, std::min(n, next_values)}, 0, n, acc);
@@ -123,13 +136,14 @@ struct DenseTileSource {
   bool values(int t0, int n, float* tile) {
     ask_for(next_value, 0, next_values);
     next_values = 0;
-    rows(t0, n, [&](int j, const T*, const T* value) { convert_row<D>(value, tile + j * D); });
+    rows(t0, n, [&](int j, const T*, const T* value, int run, std::size_t stride) {
+      for (int u = 0; u < run; ++u) convert_row<D>(value + u * stride, tile + (j + u) * D);
+    });
     return rows_are_finite<D>(tile, n);
   }
 };
 
-// The rows of sequence b and KV head h for DenseTileSource: fn(j, key_row, value_row)
-// for tokens t0 + j, j < n.
+// The rows of sequence b and KV head h for DenseTileSource (its rows(t0, n, fn)).
 template <class RowsOf>
 struct HeadRows {
   const RowsOf* rows_of = nullptr;
@@ -152,9 +166,8 @@ struct HeadRows {
 inline constexpr int kMaxLockstepKvHeads = 8;
 inline constexpr int kLockstepRows = 2 * kMaxRowsPerPass;
 
-// Attention of every sequence and KV head; rows_of(b, h, t0, n, fn) calls
-// fn(j, key_row, value_row) with the [D] rows of T of tokens t0 + j, seq_len(b) is the
-// part length. Each row's result is the same bits as with its head alone.
+// Attention of every sequence and KV head; rows_of(b, h, t0, n, fn) calls fn as
+// DenseTileSource::rows does, for KV head h of sequence b; seq_len(b) is the part length. Each row's result is the same bits as with its head alone.
 template <int D, ActivationType T, ActivationType QT, ActivationType OT, class SeqLen, class RowsOf>
 void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& seq_len, const RowsOf& rows_of) {
   static_assert(D >= 8 && D % 8 == 0, "kvq: dense attention needs head_dim a multiple of 8");
@@ -231,10 +244,8 @@ Status dense_attention(const T* keys, const T* values, const std::int32_t* kv_in
   detail::dense_decode<D, T>(
       batch, num_kv_heads, p, [&](int b) { return kv_indptr[b + 1] - kv_indptr[b]; },
       [&](int b, int h, int t0, int n, auto&& fn) {
-        for (int j = 0; j < n; ++j) {
-          const std::size_t row = ((std::size_t(kv_indptr[b]) + t0 + j) * hkv + h) * D;
-          fn(j, keys + row, values + row);
-        }
+        const std::size_t row = ((std::size_t(kv_indptr[b]) + t0) * hkv + h) * D;
+        fn(0, keys + row, values + row, n, hkv * D);
       });
   return {};
 }
@@ -252,12 +263,11 @@ Status dense_paged_attention(const std::byte* pool, int num_pages, const DensePa
   detail::dense_decode<D, T>(
       table.batch_size, layout.num_kv_heads, p, [&](int b) { return table.seq_len(b); },
       [&](int b, int h, int t0, int n, auto&& fn) {
-        int j = 0;  // a page's slots are contiguous rows: one address computation per run
+        int j = 0;  // a page's slots are contiguous rows
         table.for_each_page_run(b, t0, n, [&](int page_index, int slot, int count) {
           const std::byte* page = pool + layout.page_bytes() * std::size_t(page_index);
-          const T* key = layout.key_row(page, h, slot);
-          const T* value = layout.value_row(page, h, slot);
-          for (int u = 0; u < count; ++u, ++j) fn(j, key + u * D, value + u * D);
+          fn(j, layout.key_row(page, h, slot), layout.value_row(page, h, slot), count, std::size_t(D));
+          j += count;
         });
       });
   return {};
