@@ -167,7 +167,8 @@ inline constexpr int kMaxLockstepKvHeads = 8;
 inline constexpr int kLockstepRows = 2 * kMaxRowsPerPass;
 
 // Attention of every sequence and KV head; rows_of(b, h, t0, n, fn) calls fn as
-// DenseTileSource::rows does, for KV head h of sequence b; seq_len(b) is the part length. Each row's result is the same bits as with its head alone.
+// DenseTileSource::rows does, for KV head h of sequence b; seq_len(b) is the part
+// length. Each row's result is the same bits as with its head alone.
 template <int D, ActivationType T, ActivationType QT, ActivationType OT, class SeqLen, class RowsOf>
 void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& seq_len, const RowsOf& rows_of) {
   static_assert(D >= 8 && D % 8 == 0, "kvq: dense attention needs head_dim a multiple of 8");
