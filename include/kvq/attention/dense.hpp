@@ -163,6 +163,8 @@ struct HeadRows {
 // 8 KV heads × 8K tokens, 1 / 2 / 4 / 8 heads together 2440 / 2380 / 2330 / 2170). The
 // quantized decode, bound by compute, got slower the same way (2 heads together, K4V2
 // fastest 32K cold 800 → 970 µs, 4K warm 101 → 102 µs), so it keeps one head at a time.
+// dense_decode's stack holds the group's queries and sums, 2·kLockstepRows·D floats (32 KB
+// at d 128, 64 KB at d 256), beside the tile and the logits.
 inline constexpr int kMaxLockstepKvHeads = 8;
 inline constexpr int kLockstepRows = 2 * kMaxRowsPerPass;
 
