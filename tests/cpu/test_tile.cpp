@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -165,6 +166,33 @@ TEST(CpuTile, TransposedLaneSumsKeepEachSumsBits) {
   check_sum_lanes_16<4>();
   if constexpr (kvq::detail::kNativeFloatLanes >= 8) check_sum_lanes_16<8>();
   if constexpr (kvq::detail::kNativeFloatLanes >= 16) check_sum_lanes_16<16>();
+}
+
+// strided_rows writes base + u·stride for u < count, and nothing past count rounded up
+// to 8 (the pointer arrays have kRowPointerSlots for that): runs of 1..64 rows, strides
+// of a row of 16-, 32- and 64-byte codes and of a page's fp16 rows, starting anywhere in
+// the array.
+TEST(CpuTile, StridedRowsWritesEachRunsPointersAndNoMore) {
+  using kvq::detail::kRowPointerSlots;
+  static_assert(kRowPointerSlots >= kTokensPerBlock + 7);
+  alignas(64) static const std::uint8_t pool[66 * 512] = {};  // base + 63 rows of 512 bytes
+  const std::uint8_t* poison = pool + 1;  // never a row start below
+  for (const std::size_t stride : {16, 32, 64, 256, 512})
+    for (int first = 0; first < kTokensPerBlock; first += 7)
+      for (int count = 1; first + count <= kTokensPerBlock; ++count) {
+        const std::uint8_t* rows[kRowPointerSlots];
+        std::fill(rows, rows + kRowPointerSlots, poison);
+        const std::uint8_t* base = pool + 2 * stride;
+        kvq::detail::strided_rows(rows + first, base, stride, count);
+        const int written_end = first + (count + 7) / 8 * 8;
+        for (int j = 0; j < kRowPointerSlots; ++j) {
+          if (j >= first && j < first + count) {
+            ASSERT_EQ(rows[j], base + (j - first) * stride) << "stride " << stride << " first " << first << " count " << count;
+          } else if (j < first || j >= written_end) {
+            ASSERT_EQ(rows[j], poison) << "stride " << stride << " first " << first << " count " << count << " slot " << j;
+          }
+        }
+      }
 }
 
 }  // namespace
