@@ -160,7 +160,7 @@ struct QuantizedTileSource {
     }
   }
   // Queues the next block's keys, tokens t0 .. t0 + n. The int8 scoring asks for them
-  // after its products, beside that block's values (attend_part's prefetch_values): asked
+  // after its products, beside that block's values (attend_block's prefetch_values): asked
   // for before, the burst of their lines (80 for K4V2) went ahead of every product, and
   // once the page walks lost their per-run division, ahead of them sooner; that cost the
   // cold decode up to 10% (Zen 4, 32K tokens from DRAM, medians of alternating runs:

@@ -22,7 +22,7 @@ namespace kvq {
 
 namespace detail {
 
-// Keys and values of one sequence and KV head for attend_part. rows(t0, n, fn) calls
+// Keys and values of one sequence and KV head for attend_block. rows(t0, n, fn) calls
 // fn(j, key, value, count, stride) for runs of tokens t0 + j .. t0 + j + count (j < n)
 // whose [D] rows of T are key + u·stride and value + u·stride, u < count; q is
 // [padded_rows(rows)][D], × τ.
@@ -181,7 +181,7 @@ void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& se
   alignas(64) float qs[kLockstepRows * D];   // τ·q
   alignas(64) float acc[kLockstepRows * D];  // Σ p·v
   float m[kLockstepRows], l[kLockstepRows];
-  int limit[kLockstepRows];
+  int limit[kMaxRowsPerPass];  // row rr's causal limit, the same for every KV head
   Source sources[kMaxLockstepKvHeads];
   PartState parts[kMaxLockstepKvHeads];
   alignas(64) float tile[kTileTokens * D];
@@ -194,26 +194,26 @@ void dense_decode(int batch, int hkv, const DecodeParams<QT, OT>& p, SeqLen&& se
     auto row_of = [&](int h, int r) { return std::size_t(q0 + r / group) * hq + h * group + r % group; };
     for (int r0 = 0; r0 < nq * group; r0 += kMaxRowsPerPass) {
       const int rows = std::min(kMaxRowsPerPass, nq * group - r0), rows_padded = padded_rows(rows);
+      for (int rr = 0; rr < rows; ++rr) {
+        const long long lim = static_cast<long long>((r0 + rr) / group) + offset;
+        limit[rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
+      }
       const int heads_together = std::min(kMaxLockstepKvHeads, kLockstepRows / rows_padded);
       for (int h0 = 0; h0 < hkv; h0 += heads_together) {
         const int count = std::min(heads_together, hkv - h0);
-        int end = 0;
         for (int u = 0; u < count; ++u) {
           const int first = u * rows_padded;
           std::fill(qs + first * D, qs + (first + rows_padded) * D, 0.f);
           for (int rr = 0; rr < rows; ++rr) {
             const QT* src = p.q + row_of(h0 + u, r0 + rr) * D;
             for (int d = 0; d < D; ++d) qs[(first + rr) * D + d] = tau * to_float(src[d]);
-            const long long lim = static_cast<long long>((r0 + rr) / group) + offset;
-            limit[first + rr] = lim < 0 ? -1 : static_cast<int>(std::min<long long>(lim, len - 1));
           }
           sources[u] = Source{HeadRows<RowsOf>{&rows_of, b, h0 + u}, qs + first * D, rows_padded};
-          parts[u] = attend_begin<D>(len, rows, limit + first, acc + first * D, m + first, l + first);
-          end = std::max(end, parts[u].end);
+          parts[u] = attend_begin<D>(len, rows, limit, acc + first * D, m + first, l + first);
         }
-        for (int t0 = 0; t0 < end; t0 += kTokensPerBlock)
-          for (int u = 0; u < count; ++u)
-            if (t0 < parts[u].end) attend_block<D>(parts[u], t0, tile, s, sources[u]);
+        // The heads share the limits, so their parts end together.
+        for (int t0 = 0; t0 < parts[0].end; t0 += kTokensPerBlock)
+          for (int u = 0; u < count; ++u) attend_block<D>(parts[u], t0, tile, s, sources[u]);
         for (int u = 0; u < count; ++u)
           for (int rr = 0; rr < rows; ++rr) {
             const int r = u * rows_padded + rr;
