@@ -351,7 +351,11 @@ struct AppendSimd256 {
 // ymm 3 and 4, 160 ymm instructions, which a Zen 4 issues as 80 zmm's worth: a K2V2_HC
 // row took 83 → 76 cycles alone, and its append 92 → 88 ns per token·head (2026-12-05).
 // (A key and a value row interleaved took 71 cycles in a loop of their own, but 32 live
-// ymm spill inside the append, which then got slower.)
+// ymm spill inside the append, which then got slower.) Rows across lanes instead (16 rows
+// per zmm: 16-bit transposes in, all FWHT stages as adds between vectors, ranges in
+// per-block chains, codes packed by shifts; bit-identical) took 83.6 ns per token·head
+// against these row-wise passes' 82.0 for K2V2_HC's batch of 16 (2026-12-06): the
+// transposes and three passes over an 8 KB buffer cost what they save.
 #if KVQ_CPU_AVX512
 using AppendSimd = AppendSimd512;
 #define KVQ_CPU_APPEND_SIMD 1
