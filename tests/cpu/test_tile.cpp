@@ -169,12 +169,12 @@ TEST(CpuTile, TransposedLaneSumsKeepEachSumsBits) {
 }
 
 // strided_rows writes base + u·stride for u < count, and nothing past count rounded up
-// to 8 (the pointer arrays have kRowPointerSlots for that): runs of 1..64 rows, strides
-// of a row of 16-, 32- and 64-byte codes and of a page's fp16 rows, starting anywhere in
-// the array.
+// to a whole store of kRowPointersPerStore (the pointer arrays have kRowPointerSlots for
+// that): runs of 1..64 rows, strides of a row of 16-, 32- and 64-byte codes and of a
+// page's fp16 rows, starting anywhere in the array.
 TEST(CpuTile, StridedRowsWritesEachRunsPointersAndNoMore) {
-  using kvq::detail::kRowPointerSlots;
-  static_assert(kRowPointerSlots >= kTokensPerBlock + 7);
+  using kvq::detail::kRowPointerSlots, kvq::detail::kRowPointersPerStore;
+  static_assert(kRowPointerSlots >= kTokensPerBlock + kRowPointersPerStore - 1);
   alignas(64) static const std::uint8_t pool[66 * 512] = {};  // base + 63 rows of 512 bytes
   const std::uint8_t* poison = pool + 1;  // never a row start below
   for (const std::size_t stride : {16, 32, 64, 256, 512})
@@ -184,7 +184,8 @@ TEST(CpuTile, StridedRowsWritesEachRunsPointersAndNoMore) {
         std::fill(rows, rows + kRowPointerSlots, poison);
         const std::uint8_t* base = pool + 2 * stride;
         kvq::detail::strided_rows(rows + first, base, stride, count);
-        const int written_end = first + (count + 7) / 8 * 8;
+        const int written_end =
+            first + (count + kRowPointersPerStore - 1) / kRowPointersPerStore * kRowPointersPerStore;
         for (int j = 0; j < kRowPointerSlots; ++j) {
           if (j >= first && j < first + count) {
             ASSERT_EQ(rows[j], base + (j - first) * stride) << "stride " << stride << " first " << first << " count " << count;

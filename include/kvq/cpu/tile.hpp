@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "kvq/core/config.hpp"
 #include "kvq/core/numeric.hpp"
@@ -526,23 +527,33 @@ KVQ_FORCE_INLINE void prefetch_bytes(const void* p, std::size_t bytes) {
 #endif
 }
 
-// Pointer slots a block's rows need: kTokensPerBlock, rounded up for strided_rows' last
-// store of 8.
-inline constexpr int kRowPointerSlots = kTokensPerBlock + 8;
+// Pointers strided_rows writes per store: a native vector of them (8 with AVX-512, 4
+// with AVX2, 2 with SSE2 / NEON). Eight per store without AVX-512 went through the stack
+// (GCC 12 keeps a 512-bit GNU vector in memory on AVX2 and rebuilds it from xmm halves):
+// a third of attend_part's samples in the AVX2 K4V2 fastest decode (Zen 4, -march=haswell).
+inline constexpr int kRowPointersPerStore = kNativeFloatLanes / 2;
 
-// dst[u] = base + u·stride bytes for u < count, 8 pointers per store: a page run's rows.
-// The decodes fill one pointer per token and row kind; a scalar store, two adds and a
-// compare each took 13% of attend_part's samples in the K2V2 fastest decode, whose 4K
-// warm call went 97 → 91 µs with this (Zen 4). Up to 7 slots past count are written
-// too: dst needs count rounded up to 8, and a later run overwrites them.
+// Pointer slots a block's rows need: kTokensPerBlock, rounded up for strided_rows' last
+// store.
+inline constexpr int kRowPointerSlots = kTokensPerBlock + kRowPointersPerStore;
+
+// dst[u] = base + u·stride bytes for u < count, kRowPointersPerStore pointers per store:
+// a page run's rows. The decodes fill one pointer per token and row kind; a scalar store,
+// two adds and a compare each took 13% of attend_part's samples in the K2V2 fastest
+// decode, whose 4K warm call went 97 → 91 µs with this (Zen 4). Up to
+// kRowPointersPerStore − 1 slots past count are written too: dst needs count rounded up
+// to a whole store, and a later run overwrites them.
 template <class T>
 KVQ_FORCE_INLINE void strided_rows(const T** dst, const T* base, std::size_t stride, int count) {
 #if KVQ_GNU_HOST
-  using Lanes = typename GnuVec<std::uintptr_t, 8>::type;
+  constexpr int L = kRowPointersPerStore;
+  using Lanes = typename GnuVec<std::uintptr_t, L>::type;
   const std::uintptr_t first = reinterpret_cast<std::uintptr_t>(base);
-  Lanes row = Lanes{0, 1, 2, 3, 4, 5, 6, 7} * stride + first;
-  const Lanes step = Lanes{} + 8 * stride;
-  for (int u = 0; u < count; u += 8, row += step) std::memcpy(dst + u, &row, sizeof row);
+  Lanes row = [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return Lanes{(first + I * stride)...};
+  }(std::make_index_sequence<L>{});
+  const Lanes step = Lanes{} + L * stride;
+  for (int u = 0; u < count; u += L, row += step) std::memcpy(dst + u, &row, sizeof row);
 #else
   for (int u = 0; u < count; ++u) dst[u] = reinterpret_cast<const T*>(reinterpret_cast<const std::byte*>(base) + u * stride);
 #endif
