@@ -319,12 +319,95 @@ struct Int8Query {
       if (kLaneGroup[lane] != kLaneGroup[lane + 8]) return false;
     return true;
   }();
+  // Otherwise, where each 128-bit half of the two accumulators is one group (groups of
+  // ≥ 16 bytes: 4-bit keys at d 128), the four lanes of a half are added in int32 first,
+  // over 8 tokens at once (two vphaddd levels), so that the fp32 factors take one lane per
+  // (token, group) — 4 vectors per row and 8 tokens instead of 2 per row and token.
+  static constexpr bool kHalfGroups = [] {
+    for (int lane = 0; lane < 16; ++lane)
+      if (kLaneGroup[lane] != kLaneGroup[lane / 4 * 4]) return false;
+    return !kFold8;
+  }();
   template <MetaType M>
   KVQ_FORCE_INLINE void score_block_avx2(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta,
                                          int rows, float (*s)[kTokensPerBlock]) const {
     constexpr int kChunks = D / 32, kPairMax = 2 * 127 * ((1 << Bits) - 1);
     static_assert((kFold8 ? kChunks : kChunks / 2) * kPairMax <= 32767, "kvq: int16 pre-sums would overflow");
     const __m256i ones = _mm256_set1_epi16(1);
+    if constexpr (kHalfGroups) {
+      // Half h (lanes 4h .. 4h+3: chunks of parity h / 2, 128-bit half h % 2) carries group
+      // kLaneGroup[4h]; its σ is the group's, its μR and Σq' the sums of its four lanes'.
+      float half_sigma[kMaxRowsPerPass][4], half_residual[kMaxRowsPerPass][4], half_sum[kMaxRowsPerPass][4];
+      for (int r = 0; r < rows; ++r)
+        for (int h = 0; h < 4; ++h) {
+          half_sigma[r][h] = sigma[r][4 * h];
+          half_residual[r][h] = (residual[r][4 * h] + residual[r][4 * h + 1]) + (residual[r][4 * h + 2] + residual[r][4 * h + 3]);
+          half_sum[r][h] = (group_sum[r][4 * h] + group_sum[r][4 * h + 1]) + (group_sum[r][4 * h + 2] + group_sum[r][4 * h + 3]);
+        }
+      alignas(32) __m256i sums[kMaxRowsPerPass][8][2];  // [row][token of the 8][chunk parity]
+      for (int j0 = 0; j0 < n; j0 += 8) {
+        const int m = n - j0 < 8 ? n - j0 : 8;
+        __m256 meta8[8];  // token j's 2·kGroups metadata values, zero past the block
+        for (int j = 0; j < 8; ++j) {
+          if (j >= m) {
+            meta8[j] = _mm256_setzero_ps();
+            for (int r = 0; r < rows; ++r) sums[r][j][0] = sums[r][j][1] = _mm256_setzero_si256();
+            continue;
+          }
+          __m256i c[kChunks];
+          KVQ_UNROLL for (int z = 0; z < kChunks; ++z) c[z] = code_chunk_avx2(codes[j0 + j], z);
+          meta8[j] = load_meta_avx2<M>(meta[j0 + j]);
+          for (int r = 0; r < rows; ++r)
+            KVQ_UNROLL for (int a = 0; a < 2; ++a) {
+              __m256i pairs = _mm256_maddubs_epi16(c[a], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * a)));
+              KVQ_UNROLL for (int z = a + 2; z < kChunks; z += 2)
+                pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(c[z], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * z))));
+              sums[r][j][a] = _mm256_madd_epi16(pairs, ones);
+            }
+        }
+        // by_value[v] lane t = metadata value v of token t (an 8×8 transpose).
+        __m256 by_value[8];
+        {
+          __m256 t[8], u[8];
+          KVQ_UNROLL for (int i = 0; i < 4; ++i) {
+            t[2 * i] = _mm256_unpacklo_ps(meta8[2 * i], meta8[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(meta8[2 * i], meta8[2 * i + 1]);
+          }
+          KVQ_UNROLL for (int i = 0; i < 2; ++i)
+            KVQ_UNROLL for (int k = 0; k < 2; ++k) {
+              u[4 * i + 2 * k] = _mm256_shuffle_ps(t[4 * i + k], t[4 * i + 2 + k], _MM_SHUFFLE(1, 0, 1, 0));
+              u[4 * i + 2 * k + 1] = _mm256_shuffle_ps(t[4 * i + k], t[4 * i + 2 + k], _MM_SHUFFLE(3, 2, 3, 2));
+            }
+          // u[4i + v'] holds value v' (of the 128-bit half) of tokens 4i .. 4i+3 per half
+          KVQ_UNROLL for (int v = 0; v < 4; ++v) {
+            by_value[v] = _mm256_permute2f128_ps(u[v], u[4 + v], 0x20);
+            by_value[v + 4] = _mm256_permute2f128_ps(u[v], u[4 + v], 0x31);
+          }
+        }
+        for (int r = 0; r < rows; ++r) {
+          // halves[h] lane t = token t's int32 sum of half h.
+          __m256i halves[4];
+          KVQ_UNROLL for (int a = 0; a < 2; ++a) {
+            const __m256i p01 = _mm256_hadd_epi32(sums[r][0][a], sums[r][1][a]), p23 = _mm256_hadd_epi32(sums[r][2][a], sums[r][3][a]);
+            const __m256i p45 = _mm256_hadd_epi32(sums[r][4][a], sums[r][5][a]), p67 = _mm256_hadd_epi32(sums[r][6][a], sums[r][7][a]);
+            const __m256i q03 = _mm256_hadd_epi32(p01, p23), q47 = _mm256_hadd_epi32(p45, p67);
+            halves[2 * a] = _mm256_permute2x128_si256(q03, q47, 0x20);
+            halves[2 * a + 1] = _mm256_permute2x128_si256(q03, q47, 0x31);
+          }
+          __m256 f[4];
+          KVQ_UNROLL for (int h = 0; h < 4; ++h) {
+            const int g = kLaneGroup[4 * h];
+            const __m256 code_term = fmadd_avx2(_mm256_cvtepi32_ps(halves[h]), _mm256_set1_ps(half_sigma[r][h]),
+                                                _mm256_set1_ps(half_residual[r][h]));
+            f[h] = fmadd_avx2(code_term, by_value[2 * g], _mm256_mul_ps(by_value[2 * g + 1], _mm256_set1_ps(half_sum[r][h])));
+          }
+          alignas(32) float logits[8];
+          _mm256_store_ps(logits, _mm256_add_ps(_mm256_add_ps(f[0], f[1]), _mm256_add_ps(f[2], f[3])));
+          std::memcpy(&s[r][j0], logits, m * sizeof(float));
+        }
+      }
+      return;
+    }
     __m256i s_index[2], lo_index[2];
     for (int a = 0; a < 2; ++a) {
       s_index[a] = _mm256_load_si256(reinterpret_cast<const __m256i*>(kScaleIndex.data() + 8 * a));
