@@ -67,10 +67,8 @@ struct DenseTileSource {
   void touch_pages(int t0, int n) {
     std::uintptr_t key_page = 0, value_page = 0;
     rows(t0, n, [&](int, const T* key, const T* value, int count, std::size_t stride) {
-      for (int u = 0; u < count; ++u) {
-        touch_os_page(key + u * stride, key_page);
-        touch_os_page(value + u * stride, value_page);
-      }
+      touch_os_pages(key, count, stride * sizeof(T), key_page);
+      touch_os_pages(value, count, stride * sizeof(T), value_page);
     });
   }
   // out[j] = the key (kKeys) or value row of token t0 + j, j < n; out has

@@ -573,6 +573,22 @@ KVQ_FORCE_INLINE void touch_os_page(const void* p, std::uintptr_t& page) {
   page = here;
 }
 
+// touch_os_page for each row of a run p, p + stride, …, p + (count − 1)·stride (bytes),
+// stepping OS page by OS page where rows are closer than a page (every page the run
+// crosses then holds a row; its first line, or the run's, stands for it). Row by row,
+// the page arithmetic took ~3% of the fp16 pages' decode (Zen 4, 4K tokens from L3).
+KVQ_FORCE_INLINE void touch_os_pages(const void* p, int count, std::size_t stride, std::uintptr_t& page) {
+  const std::uintptr_t first = reinterpret_cast<std::uintptr_t>(p);
+  if (stride >= kOsPageBytes) {
+    for (int u = 0; u < count; ++u) touch_os_page(reinterpret_cast<const void*>(first + u * stride), page);
+    return;
+  }
+  touch_os_page(p, page);
+  const std::uintptr_t last = first + std::uintptr_t(count - 1) * stride;
+  for (std::uintptr_t a = (first / kOsPageBytes + 1) * kOsPageBytes; a <= last; a += kOsPageBytes)
+    touch_os_page(reinterpret_cast<const void*>(a), page);
+}
+
 // Max of a block of kTokensPerBlock logits, NaN when any of them is NaN (std::max
 // would drop it; a NaN logit must poison its row).
 template <int W = kNativeFloatLanes>  // a template, so the folds of other widths are discarded
