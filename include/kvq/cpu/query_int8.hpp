@@ -378,7 +378,7 @@ struct Int8Query {
               u[4 * i + 2 * k] = _mm256_shuffle_ps(t[4 * i + k], t[4 * i + 2 + k], _MM_SHUFFLE(1, 0, 1, 0));
               u[4 * i + 2 * k + 1] = _mm256_shuffle_ps(t[4 * i + k], t[4 * i + 2 + k], _MM_SHUFFLE(3, 2, 3, 2));
             }
-          // u[4i + v'] holds value v' (of the 128-bit half) of tokens 4i .. 4i+3 per half
+          // u[4i + v] holds value v (low halves) and v + 4 (high halves) of tokens 4i .. 4i+3.
           KVQ_UNROLL for (int v = 0; v < 4; ++v) {
             by_value[v] = _mm256_permute2f128_ps(u[v], u[4 + v], 0x20);
             by_value[v + 4] = _mm256_permute2f128_ps(u[v], u[4 + v], 0x31);
