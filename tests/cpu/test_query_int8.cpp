@@ -137,6 +137,16 @@ TEST(Int8Query, BlockScoringMatchesTheGenericPath) {
   check_block_against_generic<2, 128, 256, bf16>(20);
   check_block_against_generic<4, 32, 64, bf16>(21);
   check_block_against_generic<2, 32, 128, bf16>(22);
+  // 16-byte rows (four tokens per vector) with 8- and 16-byte groups; 128- and 256-byte
+  // rows read in 64-byte parts.
+  static_assert(kvq::detail::Int8Query<2, 32, 64>::kTransposed && kvq::detail::Int8Query<4, 32, 256>::kParts == 2 &&
+                kvq::detail::Int8Query<8, 32, 256>::kParts == 4 && kvq::detail::Int8Query<8, 16, 128>::kTransposed);
+  check_block_against_generic<2, 32, 64, fp16>(23);
+  check_block_against_generic<2, 64, 64, bf16>(24);
+  check_block_against_generic<4, 32, 256, fp16>(25);
+  check_block_against_generic<4, 128, 256, bf16>(26);
+  check_block_against_generic<8, 32, 256, bf16>(27);
+  check_block_against_generic<8, 16, 128, fp16>(28);
 }
 
 TEST(Int8Query, NonFiniteQueryGroupMakesTheLogitNaN) {

@@ -99,39 +99,46 @@ struct Int8Query {
     return idx;
   }();
 
-  // The transposed block layout (score_block on AVX-512 VNNI, kTransposed). Four
-  // 64-byte registers of packed key rows (a "quad": four tokens with 64-byte rows, eight
-  // with 32-byte rows, two per register) go through two unpack stages of a 4×4 dword
-  // transpose, so lane (c, t) (128-bit lane c, dword t) of u_m holds dword
-  // 4·(c mod kRowLanes) + m of the quad's token 4·⌊c / kRowLanes⌋ + t. vpdpbusd then
-  // sums codes × query dwords per (token, group) in each lane; one convert and three FMAs
-  // per vector scale 16 such lanes, and two shuffle levels add each token's groups.
+  // The transposed block layout (score_block on AVX-512 VNNI, kTransposed). A token's
+  // slab-ordered row is read in parts of up to 64 bytes (kParts: two for 128-byte rows,
+  // four for 256-byte ones). Four 64-byte registers of one part (a "quad": four tokens
+  // with 64-byte parts, eight with 32-byte rows, two per register, sixteen with 16-byte
+  // rows, four per register) go through two unpack stages of a 4×4 dword transpose, so
+  // lane (c, t) (128-bit lane c, dword t) of u_m holds dword 4·(c mod kRowLanes) + m of
+  // the part of the quad's token 4·⌊c / kRowLanes⌋ + t. vpdpbusd then sums codes × query
+  // dwords per (token, group) in each lane; one convert and three FMAs per vector scale
+  // 16 such lanes, and up to two shuffle levels add each token's groups.
   static constexpr int kSlabs = 8 / Bits;
-  static constexpr int kRowLanes = kSlabBytes / 16;  // 128-bit lanes per token row
-  static constexpr int kTokensPerRow = 64 / kSlabBytes > 0 ? 64 / kSlabBytes : 1;
-  static constexpr int kClasses = kGroupBytes >= 16 ? 1 : 16 / kGroupBytes;  // accumulators per quad
-  static constexpr bool kTransposed = (kSlabBytes == 64 || kSlabBytes == 32) && kGroupBytes % 8 == 0 &&
+  static constexpr int kPartBytes = kSlabBytes < 64 ? kSlabBytes : 64;
+  static constexpr int kParts = kSlabBytes / kPartBytes;
+  static constexpr int kRowLanes = kPartBytes / 16;        // 128-bit lanes per token part
+  static constexpr int kTokensPerRow = 64 / kPartBytes;    // tokens per 64-byte register
+  static constexpr int kClasses = kGroupBytes >= 16 ? 1 : 16 / kGroupBytes;  // accumulators per part
+  static constexpr int kAccClasses = kParts * kClasses;    // (part, class) accumulators per quad
+  static constexpr bool kTransposed = kSlabBytes >= 16 && kGroupBytes % 8 == 0 && kParts * kSlabs <= 4 &&
                                       4 * kTokensPerRow * 2 * kGroups <= 64;
   static constexpr int kTRows = kTransposed ? kMaxRowsPerPass : 1;
-  // Group of lane c in accumulator class a: dword m of a row holds bytes 16·(c mod
-  // kRowLanes) + 4m .. + 3, and with groups under 16 bytes class a gathers the dwords
-  // m of group offset a.
-  static constexpr int transposed_group(int c, int a) {
-    return (16 * (c % kRowLanes)) / kGroupBytes + (kClasses > 1 ? a : 0);
+  // Group of lane c in part p and accumulator class a: dword m of a part holds bytes
+  // 64·p + 16·(c mod kRowLanes) + 4m .. + 3, and with groups under 16 bytes class a
+  // gathers the dwords m of group offset a.
+  static constexpr int transposed_group(int p, int c, int a) {
+    return (64 * p + 16 * (c % kRowLanes)) / kGroupBytes + (kClasses > 1 ? a : 0);
   }
   // Class of dword m: dwords of one class share each lane's group.
   static constexpr int transposed_class(int m) { return kClasses == 1 ? 0 : m / (kGroupBytes / 4); }
-  // Lanes (c, a) of one token carrying group g.
+  // Lanes (p, c, a) of one token carrying group g.
   static constexpr int transposed_lanes_of(int g) {
     int count = 0;
-    for (int c = 0; c < kRowLanes; ++c)
-      for (int a = 0; a < kClasses; ++a) count += transposed_group(c, a) == g;
+    for (int p = 0; p < kParts; ++p)
+      for (int c = 0; c < kRowLanes; ++c)
+        for (int a = 0; a < kClasses; ++a) count += transposed_group(p, c, a) == g;
     return count;
   }
-  alignas(64) std::int32_t q_lanes[kTRows][kTransposed ? kSlabs : 1][4][16];  // query dword of lane (c, t)
-  alignas(64) float sigma_lanes[kTRows][kClasses][16];                          // σ of the lane's group
-  alignas(64) float residual_lanes[kTRows][kClasses][16];  // μ·R of the group / its lanes per token
-  alignas(64) float sum_lanes_t[kTRows][kClasses][16];     // Σq' of the group / its lanes per token
+  // Query dword of lane (c, t) for part p, slab k, dword m.
+  alignas(64) std::int32_t q_lanes[kTRows][kTransposed ? kParts : 1][kTransposed ? kSlabs : 1][4][16];
+  alignas(64) float sigma_lanes[kTRows][kAccClasses][16];     // σ of the lane's group
+  alignas(64) float residual_lanes[kTRows][kAccClasses][16];  // μ·R of the group / its lanes per token
+  alignas(64) float sum_lanes_t[kTRows][kAccClasses][16];     // Σq' of the group / its lanes per token
 
   static constexpr std::array<int, D> kSlabPosition = [] {
     std::array<int, D> pos{};
@@ -186,14 +193,16 @@ struct Int8Query {
     if constexpr (kTransposed) {
       for (int lane = 0; lane < 16; ++lane) {
         const int c = lane / 4;
-        for (int k = 0; k < kSlabs; ++k)
-          for (int m = 0; m < 4; ++m)
-            std::memcpy(&q_lanes[r][k][m][lane], &q8[r][k * kSlabBytes + 4 * (4 * (c % kRowLanes) + m)], 4);
-        for (int a = 0; a < kClasses; ++a) {
-          const int g = transposed_group(c, a);
-          sigma_lanes[r][a][lane] = sig[g];
-          residual_lanes[r][a][lane] = res[g] / float(transposed_lanes_of(g));
-          sum_lanes_t[r][a][lane] = sum[g] / float(transposed_lanes_of(g));
+        for (int p = 0; p < kParts; ++p) {
+          for (int k = 0; k < kSlabs; ++k)
+            for (int m = 0; m < 4; ++m)
+              std::memcpy(&q_lanes[r][p][k][m][lane], &q8[r][k * kSlabBytes + 64 * p + 4 * (4 * (c % kRowLanes) + m)], 4);
+          for (int a = 0; a < kClasses; ++a) {
+            const int g = transposed_group(p, c, a), A = p * kClasses + a;
+            sigma_lanes[r][A][lane] = sig[g];
+            residual_lanes[r][A][lane] = res[g] / float(transposed_lanes_of(g));
+            sum_lanes_t[r][A][lane] = sum[g] / float(transposed_lanes_of(g));
+          }
         }
       }
     }
@@ -583,17 +592,18 @@ struct Int8Query {
                                                float (*s)[kTokensPerBlock]) const {
     constexpr int kQuads = 4 / kTokensPerRow, kMetaPerToken = 2 * kGroups;
     constexpr int kQuadMeta = 4 * kTokensPerRow * kMetaPerToken;  // ≤ 64 16-bit values
-    alignas(64) static constexpr std::uint8_t kZeroRow[64] = {};
-    // vpermw indices: lane (c, t) ← the scale (lo: + 1) of its token and group in the quad's
-    // metadata, tokens 4·(c / kRowLanes) + t.
+    alignas(64) static constexpr std::uint8_t kZeroRow[kSlabBytes] = {};
+    // vpermw indices: lane (c, t) of accumulator class A = (part p, class a) ← the scale
+    // (lo: + 1) of its token and group in the quad's metadata, tokens 4·(c / kRowLanes) + t.
     alignas(64) static constexpr auto kMetaIndex = [] {
-      std::array<std::array<std::uint16_t, 32>, 2 * kClasses> idx{};
-      for (int a = 0; a < kClasses; ++a)
-        for (int lane = 0; lane < 16; ++lane) {
-          const int c = lane / 4, t = lane % 4, token = 4 * (c / kRowLanes) + t;
-          idx[2 * a][lane] = std::uint16_t(token * kMetaPerToken + 2 * transposed_group(c, a));
-          idx[2 * a + 1][lane] = std::uint16_t(idx[2 * a][lane] + 1);
-        }
+      std::array<std::array<std::uint16_t, 32>, 2 * kAccClasses> idx{};
+      for (int p = 0; p < kParts; ++p)
+        for (int a = 0; a < kClasses; ++a)
+          for (int lane = 0; lane < 16; ++lane) {
+            const int c = lane / 4, t = lane % 4, token = 4 * (c / kRowLanes) + t, A = p * kClasses + a;
+            idx[2 * A][lane] = std::uint16_t(token * kMetaPerToken + 2 * transposed_group(p, c, a));
+            idx[2 * A + 1][lane] = std::uint16_t(idx[2 * A][lane] + 1);
+          }
       return idx;
     }();
     constexpr int kQuadTokens = 4 * kTokensPerRow;
@@ -603,28 +613,40 @@ struct Int8Query {
       const int count = n - j0 < 16 ? n - j0 : 16;
       auto row = [&](int j) { return j < count ? codes[j0 + j] : kZeroRow; };
       KVQ_UNROLL for (int q = 0; q < kQuads; ++q) {
-        // The quad's four 64-byte rows (two 32-byte tokens each when rows are 32 bytes).
-        __m512i x[4];
-        KVQ_UNROLL for (int t = 0; t < 4; ++t) {
-          if constexpr (kSlabBytes == 64) {
-            x[t] = _mm512_loadu_si512(row(4 * q + t));
-          } else {
-            const __m512i zero = _mm512_setzero_si512();
-            const __m512i low = _mm512_mask_inserti64x4(zero, 0xFF, zero, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(8 * q + t))), 0);
-            x[t] = _mm512_mask_inserti64x4(low, 0xFF, low, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(8 * q + 4 + t))), 1);
+        // The codes of each part, unpacked: c[p][m][k] = slab k of dword m of every lane.
+        __m512i c[kParts][4][kSlabs];
+        KVQ_UNROLL for (int p = 0; p < kParts; ++p) {
+          // Part p of the quad's tokens: one token per register (64-byte parts), two
+          // (32-byte rows: 256-bit halves) or four (16-byte rows: 128-bit lanes).
+          __m512i x[4];
+          KVQ_UNROLL for (int t = 0; t < 4; ++t) {
+            if constexpr (kPartBytes == 64) {
+              x[t] = _mm512_loadu_si512(row(4 * q + t) + 64 * p);
+            } else if constexpr (kPartBytes == 32) {
+              const __m512i zero = _mm512_setzero_si512();
+              const __m512i low = _mm512_mask_inserti64x4(zero, 0xFF, zero, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(8 * q + t))), 0);
+              x[t] = _mm512_mask_inserti64x4(low, 0xFF, low, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(8 * q + 4 + t))), 1);
+            } else {
+              static_assert(kPartBytes == 16);
+              auto lane = [&](int cl) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(4 * cl + t))); };
+              const __m512i zero = _mm512_setzero_si512();  // the insert positions must be immediates
+              __m512i v = _mm512_mask_inserti32x4(zero, 0xFFFF, zero, lane(0), 0);
+              v = _mm512_mask_inserti32x4(v, 0xFFFF, v, lane(1), 1);
+              v = _mm512_mask_inserti32x4(v, 0xFFFF, v, lane(2), 2);
+              x[t] = _mm512_mask_inserti32x4(v, 0xFFFF, v, lane(3), 3);
+            }
           }
+          // Two stages of a 4×4 dword transpose in each 128-bit lane: u[m] = dword m of x[0..3].
+          const __m512i t0 = _mm512_maskz_unpacklo_epi32(0xFFFF, x[0], x[1]), t1 = _mm512_maskz_unpackhi_epi32(0xFFFF, x[0], x[1]);
+          const __m512i t2 = _mm512_maskz_unpacklo_epi32(0xFFFF, x[2], x[3]), t3 = _mm512_maskz_unpackhi_epi32(0xFFFF, x[2], x[3]);
+          const __m512i u[4] = {_mm512_maskz_unpacklo_epi64(0xFF, t0, t2), _mm512_maskz_unpackhi_epi64(0xFF, t0, t2),
+                                _mm512_maskz_unpacklo_epi64(0xFF, t1, t3), _mm512_maskz_unpackhi_epi64(0xFF, t1, t3)};
+          KVQ_UNROLL for (int m = 0; m < 4; ++m)
+            KVQ_UNROLL for (int k = 0; k < kSlabs; ++k)
+              c[p][m][k] = code_field<Bits>(u[m], k);
         }
-        // Two stages of a 4×4 dword transpose in each 128-bit lane: u[m] = dword m of x[0..3].
-        const __m512i t0 = _mm512_maskz_unpacklo_epi32(0xFFFF, x[0], x[1]), t1 = _mm512_maskz_unpackhi_epi32(0xFFFF, x[0], x[1]);
-        const __m512i t2 = _mm512_maskz_unpacklo_epi32(0xFFFF, x[2], x[3]), t3 = _mm512_maskz_unpackhi_epi32(0xFFFF, x[2], x[3]);
-        const __m512i u[4] = {_mm512_maskz_unpacklo_epi64(0xFF, t0, t2), _mm512_maskz_unpackhi_epi64(0xFF, t0, t2),
-                              _mm512_maskz_unpacklo_epi64(0xFF, t1, t3), _mm512_maskz_unpackhi_epi64(0xFF, t1, t3)};
-        __m512i c[4][kSlabs];
-        KVQ_UNROLL for (int m = 0; m < 4; ++m)
-          KVQ_UNROLL for (int k = 0; k < kSlabs; ++k)
-            c[m][k] = code_field<Bits>(u[m], k);
         // Scale and lo of each lane's (token, group), widened to fp32.
-        __m512 s_vec[kClasses], lo_vec[kClasses];
+        __m512 s_vec[kAccClasses], lo_vec[kAccClasses];
         // The quad's metadata in place when its tokens are consecutive slots of one page
         // (the usual case), else gathered.
         const meta_storage_t<M>* first = meta[j0 + q * kQuadTokens];
@@ -644,43 +666,46 @@ struct Int8Query {
         constexpr __mmask32 kHighMask = kQuadMeta >= 64 ? ~__mmask32(0) : kQuadMeta > 32 ? __mmask32((1u << (kQuadMeta - 32)) - 1u) : 0;
         const __m512i meta_lo = _mm512_maskz_loadu_epi16(kLowMask, quad_meta);
         const __m512i meta_hi = _mm512_maskz_loadu_epi16(kHighMask, quad_meta + 32);
-        KVQ_UNROLL for (int a = 0; a < kClasses; ++a)
+        KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A)
           KVQ_UNROLL for (int h = 0; h < 2; ++h) {
-            const __m512i idx = _mm512_load_si512(kMetaIndex[2 * a + h].data());
+            const __m512i idx = _mm512_load_si512(kMetaIndex[2 * A + h].data());
             const __m512i bits = kQuadMeta <= 32 ? _mm512_maskz_permutexvar_epi16(~__mmask32(0), idx, meta_lo)
                                                  : _mm512_maskz_permutex2var_epi16(~__mmask32(0), meta_lo, idx, meta_hi);
             const __m256i half = _mm512_mask_extracti64x4_epi64(_mm256_setzero_si256(), 0xF, bits, 0);
             __m512 v;
             if constexpr (M == MetaType::fp16) v = _mm512_maskz_cvtph_ps(0xFFFF, half);
             else v = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, half), 16));
-            (h == 0 ? s_vec : lo_vec)[a] = v;
+            (h == 0 ? s_vec : lo_vec)[A] = v;
           }
         for (int r = 0; r < rows; ++r) {
-          // Two chains per class, not one chain of 8 vpdpbusd latencies per row; the
-          // integer sums are the same.
-          __m512i acc[kClasses][2];
-          KVQ_UNROLL for (int a = 0; a < kClasses; ++a) acc[a][0] = acc[a][1] = _mm512_setzero_si512();
-          KVQ_UNROLL for (int m = 0; m < 4; ++m)
-            KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
-              __m512i& chain = acc[transposed_class(m)][(m * kSlabs + k) % 2];
-              chain = dpbusd_tied(chain, c[m][k], *reinterpret_cast<const __m512i*>(q_lanes[r][k][m]));
-            }
+          // Two chains per accumulator class, not one chain of 8 vpdpbusd latencies per
+          // row; the integer sums are the same.
+          __m512i acc[kAccClasses][2];
+          KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A) acc[A][0] = acc[A][1] = _mm512_setzero_si512();
+          KVQ_UNROLL for (int p = 0; p < kParts; ++p)
+            KVQ_UNROLL for (int m = 0; m < 4; ++m)
+              KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
+                __m512i& chain = acc[p * kClasses + transposed_class(m)][(m * kSlabs + k) % 2];
+                chain = dpbusd_tied(chain, c[p][m][k], *reinterpret_cast<const __m512i*>(q_lanes[r][p][k][m]));
+              }
           // The lo terms do not wait on the sums: each class is s·(σ·isum + μR) + lo·Σq'
-          // with lo·Σq' computed aside, and the classes are added last.
-          __m512 f[kClasses];
-          KVQ_UNROLL for (int a = 0; a < kClasses; ++a) {
-            const __m512 lo_term = _mm512_mul_ps(lo_vec[a], _mm512_load_ps(sum_lanes_t[r][a]));
-            const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, _mm512_add_epi32(acc[a][0], acc[a][1]));
-            const __m512 code_term = _mm512_fmadd_ps(isum, _mm512_load_ps(sigma_lanes[r][a]), _mm512_load_ps(residual_lanes[r][a]));
-            f[a] = _mm512_fmadd_ps(code_term, s_vec[a], lo_term);
+          // with lo·Σq' computed aside, and the classes are added last, in order.
+          __m512 f[kAccClasses];
+          KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A) {
+            const __m512 lo_term = _mm512_mul_ps(lo_vec[A], _mm512_load_ps(sum_lanes_t[r][A]));
+            const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, _mm512_add_epi32(acc[A][0], acc[A][1]));
+            const __m512 code_term = _mm512_fmadd_ps(isum, _mm512_load_ps(sigma_lanes[r][A]), _mm512_load_ps(residual_lanes[r][A]));
+            f[A] = _mm512_fmadd_ps(code_term, s_vec[A], lo_term);
           }
           static_assert(kClasses <= 2, "kTransposed groups hold ≥ 8 bytes");
-          if constexpr (kClasses == 1) partial[r][q] = f[0];
-          else partial[r][q] = _mm512_add_ps(f[0], f[1]);
+          __m512 total = f[0];
+          KVQ_UNROLL for (int A = 1; A < kAccClasses; ++A) total = _mm512_add_ps(total, f[A]);
+          partial[r][q] = total;
         }
       }
-      // Lane (c, t) of quad q is token 4q + t (64-byte rows) or 8q + 4·(c/2) + t (32-byte
-      // rows): add each token's lanes, which leaves the tokens in order.
+      // Lane (c, t) of quad q is token 4q + t (64-byte parts), 8q + 4·(c/2) + t (32-byte
+      // rows) or 4c + t (16-byte rows): add each token's lanes, which leaves the tokens in
+      // order.
       const __mmask16 store = __mmask16((1u << count) - 1u);
       for (int r = 0; r < rows; ++r) {
         const __m512* f = partial[r];
@@ -693,8 +718,10 @@ struct Int8Query {
             return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0x44), _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0xEE));
           };
           y = pairs(halves(f[0], f[1]), halves(f[2], f[3]));
-        } else {
+        } else if constexpr (kQuads == 2) {
           y = pairs(f[0], f[1]);
+        } else {
+          y = f[0];
         }
         _mm512_mask_storeu_ps(&s[r][j0], store, y);
       }
