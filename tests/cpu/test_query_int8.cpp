@@ -147,6 +147,9 @@ TEST(Int8Query, BlockScoringMatchesTheGenericPath) {
   check_block_against_generic<4, 128, 256, bf16>(26);
   check_block_against_generic<8, 32, 256, bf16>(27);
   check_block_against_generic<8, 16, 128, fp16>(28);
+  // The AVX2 block path with 16 metadata values (two halves) and 32 accumulator lanes.
+  check_block_against_generic<2, 32, 256, fp16>(29);
+  check_block_against_generic<4, 32, 256, bf16>(30);
 }
 
 TEST(Int8Query, NonFiniteQueryGroupMakesTheLogitNaN) {

@@ -275,9 +275,11 @@ struct Int8Query {
 
 #if KVQ_CPU_AVX2 && KVQ_CPU_F16C
   // The AVX2 block path: codes ≤ 4 bits (vpmaddubsw's int16 pairs cannot overflow),
-  // 16 accumulator lanes, and at most 8 metadata values per token (one vpermps spreads
-  // them over the lanes). Other shapes take score() token by token.
-  static constexpr bool kAvx2Block = Bits <= 4 && kAccLanes == 16 && 2 * kGroups <= 8;
+  // 16 or 32 accumulator lanes, and at most 16 metadata values per token (vpermps spread
+  // them over the lanes), so every int8-scored preset shape at d 64–256. Other shapes
+  // take score() token by token.
+  static constexpr bool kAvx2Block = Bits <= 4 && (kAccLanes == 16 || kAccLanes == 32) && 2 * kGroups <= 16;
+  static constexpr int kAcc8 = kAccLanes / 8;  // 8-lane accumulators of the block path
 
   // Chunk z (32 bytes) of the slab-ordered codes, unpacked in registers.
   static KVQ_FORCE_INLINE __m256i code_chunk_avx2(const std::uint8_t* codes, int z) {
@@ -294,18 +296,33 @@ struct Int8Query {
     }
   }
 
-  // The token's 2·kGroups (≤ 8) metadata values as fp32 lanes; lanes past them are 0.
+  // The token's metadata values 8·part .. of its 2·kGroups (2, 4, 8 or 16) as fp32 lanes;
+  // lanes past them are 0. Loads of exactly their bytes, never past the token. (Through
+  // a zeroed 8-value buffer, a load wider than the copy into it stalled on store
+  // forwarding: K4V2 at d 64, -march=haswell on a Zen 4, took longer than fp16 pages.)
   template <MetaType M>
-  static KVQ_FORCE_INLINE __m256 load_meta_avx2(const meta_storage_t<M>* meta) {
-    meta_storage_t<M> buf[8] = {};
-    std::memcpy(buf, meta, 2 * kGroups * sizeof(meta_storage_t<M>));  // never reads past the token
+  static KVQ_FORCE_INLINE __m256 load_meta_avx2(const meta_storage_t<M>* meta, int part = 0) {
+    constexpr int kCount = 2 * kGroups < 8 ? 2 * kGroups : 8;
+    static_assert(kCount == 2 || kCount == 4 || kCount == 8);
+    meta += 8 * part;
     if constexpr (M == MetaType::fp32) {
-      return _mm256_loadu_ps(buf);
+      if constexpr (kCount == 8) return _mm256_loadu_ps(meta);
+      const __m128 x = kCount == 4 ? _mm_loadu_ps(meta)
+                                   : _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(meta)));
+      return _mm256_insertf128_ps(_mm256_setzero_ps(), x, 0);
     } else {
-      const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(buf));
+      __m128i bits;
+      if constexpr (kCount == 8) bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(meta));
+      else if constexpr (kCount == 4) bits = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(meta));
+      else bits = _mm_cvtsi32_si128(static_cast<int>(load_u32(meta)));
       if constexpr (M == MetaType::fp16) return _mm256_cvtph_ps(bits);
       else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));  // bf16
     }
+  }
+  static KVQ_FORCE_INLINE std::uint32_t load_u32(const void* p) {
+    std::uint32_t x;
+    std::memcpy(&x, p, sizeof x);
+    return x;
   }
 
   static KVQ_FORCE_INLINE __m256 fmadd_avx2(__m256 a, __m256 b, __m256 c) {
@@ -324,63 +341,70 @@ struct Int8Query {
   // d ≤ 128, 4-bit at d 64), all chunks go into one int16 sum and the fp32 factors are
   // applied to 8 lanes instead of 16 (a summation order only).
   static constexpr bool kFold8 = [] {
+    if (kAccLanes != 16) return false;
     for (int lane = 0; lane < 8; ++lane)
       if (kLaneGroup[lane] != kLaneGroup[lane + 8]) return false;
     return true;
   }();
-  // Otherwise, where each 128-bit half of the two accumulators is one group (groups of
-  // ≥ 16 bytes: 4-bit keys at d 128), the four lanes of a half are added in int32 first,
-  // over 8 tokens at once (two vphaddd levels), so that the fp32 factors take one lane per
-  // (token, group) — 4 vectors per row and 8 tokens instead of 2 per row and token.
+  // Otherwise, where each 128-bit half of the accumulators is one group (groups of ≥ 16
+  // bytes: 4-bit keys at d 128 and 256), the four lanes of a half are added in int32
+  // first, over 8 tokens at once (two vphaddd levels), so that the fp32 factors take one
+  // lane per (token, group): 2·kAcc8 vectors per row and 8 tokens instead of kAcc8 per
+  // row and token.
   static constexpr bool kHalfGroups = [] {
-    for (int lane = 0; lane < 16; ++lane)
+    if (kFold8) return false;
+    for (int lane = 0; lane < kAccLanes; ++lane)
       if (kLaneGroup[lane] != kLaneGroup[lane / 4 * 4]) return false;
-    return !kFold8;
+    return true;
   }();
   template <MetaType M>
   KVQ_FORCE_INLINE void score_block_avx2(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta,
                                          int rows, float (*s)[kTokensPerBlock]) const {
     constexpr int kChunks = D / 32, kPairMax = 2 * 127 * ((1 << Bits) - 1);
-    static_assert((kFold8 ? kChunks : kChunks / 2) * kPairMax <= 32767, "kvq: int16 pre-sums would overflow");
+    static_assert((kFold8 ? kChunks : kChunks / kAcc8) * kPairMax <= 32767, "kvq: int16 pre-sums would overflow");
+    constexpr bool kTwoHalves = 2 * kGroups > 8;  // metadata values 8 .. 15 in a second vector
     const __m256i ones = _mm256_set1_epi16(1);
     if constexpr (kHalfGroups) {
-      // Half h (lanes 4h .. 4h+3: chunks of parity h / 2, 128-bit half h % 2) carries group
-      // kLaneGroup[4h]; its σ is the group's, its μR and Σq' the sums of its four lanes'.
-      float half_sigma[kMaxRowsPerPass][4], half_residual[kMaxRowsPerPass][4], half_sum[kMaxRowsPerPass][4];
+      // Half h (lanes 4h .. 4h+3: chunks z ≡ h / 2 (mod kAcc8), 128-bit half h % 2)
+      // carries group kLaneGroup[4h]; its σ is the group's, its μR and Σq' the sums of
+      // its four lanes'.
+      constexpr int kHalves = 2 * kAcc8;
+      float half_sigma[kMaxRowsPerPass][kHalves], half_residual[kMaxRowsPerPass][kHalves], half_sum[kMaxRowsPerPass][kHalves];
       for (int r = 0; r < rows; ++r)
-        for (int h = 0; h < 4; ++h) {
+        for (int h = 0; h < kHalves; ++h) {
           half_sigma[r][h] = sigma[r][4 * h];
           half_residual[r][h] = (residual[r][4 * h] + residual[r][4 * h + 1]) + (residual[r][4 * h + 2] + residual[r][4 * h + 3]);
           half_sum[r][h] = (group_sum[r][4 * h] + group_sum[r][4 * h + 1]) + (group_sum[r][4 * h + 2] + group_sum[r][4 * h + 3]);
         }
-      alignas(32) __m256i sums[kMaxRowsPerPass][8][2];  // [row][token of the 8][chunk parity]
+      alignas(32) __m256i sums[kMaxRowsPerPass][8][kAcc8];  // [row][token of the 8][accumulator]
       for (int j0 = 0; j0 < n; j0 += 8) {
         const int m = n - j0 < 8 ? n - j0 : 8;
-        __m256 meta8[8];  // token j's 2·kGroups metadata values, zero past the block
+        __m256 meta8[kTwoHalves ? 2 : 1][8];  // token j's metadata values 8·part .., zero past the block
         for (int j = 0; j < 8; ++j) {
           if (j >= m) {
-            meta8[j] = _mm256_setzero_ps();
-            for (int r = 0; r < rows; ++r) sums[r][j][0] = sums[r][j][1] = _mm256_setzero_si256();
+            for (auto& part : meta8) part[j] = _mm256_setzero_ps();
+            for (int r = 0; r < rows; ++r)
+              for (int a = 0; a < kAcc8; ++a) sums[r][j][a] = _mm256_setzero_si256();
             continue;
           }
           __m256i c[kChunks];
           KVQ_UNROLL for (int z = 0; z < kChunks; ++z) c[z] = code_chunk_avx2(codes[j0 + j], z);
-          meta8[j] = load_meta_avx2<M>(meta[j0 + j]);
+          KVQ_UNROLL for (int part = 0; part < (kTwoHalves ? 2 : 1); ++part) meta8[part][j] = load_meta_avx2<M>(meta[j0 + j], part);
           for (int r = 0; r < rows; ++r)
-            KVQ_UNROLL for (int a = 0; a < 2; ++a) {
+            KVQ_UNROLL for (int a = 0; a < kAcc8; ++a) {
               __m256i pairs = _mm256_maddubs_epi16(c[a], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * a)));
-              KVQ_UNROLL for (int z = a + 2; z < kChunks; z += 2)
+              KVQ_UNROLL for (int z = a + kAcc8; z < kChunks; z += kAcc8)
                 pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(c[z], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * z))));
               sums[r][j][a] = _mm256_madd_epi16(pairs, ones);
             }
         }
-        // by_value[v] lane t = metadata value v of token t (an 8×8 transpose).
-        __m256 by_value[8];
-        {
+        // by_value[v] lane t = metadata value v of token t (8×8 transposes).
+        __m256 by_value[kTwoHalves ? 16 : 8];
+        KVQ_UNROLL for (int part = 0; part < (kTwoHalves ? 2 : 1); ++part) {
           __m256 t[8], u[8];
           KVQ_UNROLL for (int i = 0; i < 4; ++i) {
-            t[2 * i] = _mm256_unpacklo_ps(meta8[2 * i], meta8[2 * i + 1]);
-            t[2 * i + 1] = _mm256_unpackhi_ps(meta8[2 * i], meta8[2 * i + 1]);
+            t[2 * i] = _mm256_unpacklo_ps(meta8[part][2 * i], meta8[part][2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(meta8[part][2 * i], meta8[part][2 * i + 1]);
           }
           KVQ_UNROLL for (int i = 0; i < 2; ++i)
             KVQ_UNROLL for (int k = 0; k < 2; ++k) {
@@ -389,39 +413,51 @@ struct Int8Query {
             }
           // u[4i + v] holds value v (low halves) and v + 4 (high halves) of tokens 4i .. 4i+3.
           KVQ_UNROLL for (int v = 0; v < 4; ++v) {
-            by_value[v] = _mm256_permute2f128_ps(u[v], u[4 + v], 0x20);
-            by_value[v + 4] = _mm256_permute2f128_ps(u[v], u[4 + v], 0x31);
+            by_value[8 * part + v] = _mm256_permute2f128_ps(u[v], u[4 + v], 0x20);
+            by_value[8 * part + v + 4] = _mm256_permute2f128_ps(u[v], u[4 + v], 0x31);
           }
         }
         for (int r = 0; r < rows; ++r) {
           // halves[h] lane t = token t's int32 sum of half h.
-          __m256i halves[4];
-          KVQ_UNROLL for (int a = 0; a < 2; ++a) {
+          __m256i halves[kHalves];
+          KVQ_UNROLL for (int a = 0; a < kAcc8; ++a) {
             const __m256i p01 = _mm256_hadd_epi32(sums[r][0][a], sums[r][1][a]), p23 = _mm256_hadd_epi32(sums[r][2][a], sums[r][3][a]);
             const __m256i p45 = _mm256_hadd_epi32(sums[r][4][a], sums[r][5][a]), p67 = _mm256_hadd_epi32(sums[r][6][a], sums[r][7][a]);
             const __m256i q03 = _mm256_hadd_epi32(p01, p23), q47 = _mm256_hadd_epi32(p45, p67);
             halves[2 * a] = _mm256_permute2x128_si256(q03, q47, 0x20);
             halves[2 * a + 1] = _mm256_permute2x128_si256(q03, q47, 0x31);
           }
-          __m256 f[4];
-          KVQ_UNROLL for (int h = 0; h < 4; ++h) {
+          __m256 f[kHalves];
+          KVQ_UNROLL for (int h = 0; h < kHalves; ++h) {
             const int g = kLaneGroup[4 * h];
             const __m256 code_term = fmadd_avx2(_mm256_cvtepi32_ps(halves[h]), _mm256_set1_ps(half_sigma[r][h]),
                                                 _mm256_set1_ps(half_residual[r][h]));
             f[h] = fmadd_avx2(code_term, by_value[2 * g], _mm256_mul_ps(by_value[2 * g + 1], _mm256_set1_ps(half_sum[r][h])));
           }
+          // Neighbours first: ((f0 + f1) + (f2 + f3)) + ….
+          KVQ_UNROLL for (int w = kHalves; w > 1; w /= 2)
+            KVQ_UNROLL for (int h = 0; h < w / 2; ++h) f[h] = _mm256_add_ps(f[2 * h], f[2 * h + 1]);
           alignas(32) float logits[8];
-          _mm256_store_ps(logits, _mm256_add_ps(_mm256_add_ps(f[0], f[1]), _mm256_add_ps(f[2], f[3])));
+          _mm256_store_ps(logits, f[0]);
           std::memcpy(&s[r][j0], logits, m * sizeof(float));
         }
       }
       return;
     }
-    __m256i s_index[2], lo_index[2];
-    for (int a = 0; a < 2; ++a) {
+    // Lane L's scale is metadata value kScaleIndex[L] (its lo the next): with more than 8
+    // values, vpermps picks from both halves and bit 3 of the index (moved to the sign
+    // bit) chooses.
+    __m256i s_index[kAcc8], lo_index[kAcc8];
+    for (int a = 0; a < kAcc8; ++a) {
       s_index[a] = _mm256_load_si256(reinterpret_cast<const __m256i*>(kScaleIndex.data() + 8 * a));
       lo_index[a] = _mm256_add_epi32(s_index[a], _mm256_set1_epi32(1));
     }
+    auto spread = [&](__m256 low, __m256 high, __m256i index) {
+      const __m256 from_low = _mm256_permutevar8x32_ps(low, index);
+      if constexpr (!kTwoHalves) return from_low;
+      return _mm256_blendv_ps(from_low, _mm256_permutevar8x32_ps(high, index),
+                              _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
+    };
     // Folded factors: σ is the same in lanes L and L + 8; μR and Σq' (split evenly over a
     // group's lanes) add.
     struct Folded {
@@ -443,6 +479,7 @@ struct Int8Query {
         __m256i c[kChunks];
         KVQ_UNROLL for (int z = 0; z < kChunks; ++z) c[z] = code_chunk_avx2(codes[j0 + j], z);
         const __m256 meta8 = load_meta_avx2<M>(meta[j0 + j]);
+        const __m256 meta8_high = kTwoHalves ? load_meta_avx2<M>(meta[j0 + j], 1) : meta8;
         auto products = [&](int r, int z) {
           return _mm256_maddubs_epi16(c[z], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * z)));
         };
@@ -457,26 +494,29 @@ struct Int8Query {
           }
           continue;
         }
-        __m256 s_vec[2], lo_vec[2];
-        KVQ_UNROLL for (int a = 0; a < 2; ++a) {
-          s_vec[a] = _mm256_permutevar8x32_ps(meta8, s_index[a]);
-          lo_vec[a] = _mm256_permutevar8x32_ps(meta8, lo_index[a]);
+        __m256 s_vec[kAcc8], lo_vec[kAcc8];
+        KVQ_UNROLL for (int a = 0; a < kAcc8; ++a) {
+          s_vec[a] = spread(meta8, meta8_high, s_index[a]);
+          lo_vec[a] = spread(meta8, meta8_high, lo_index[a]);
         }
         for (int r = 0; r < rows; ++r) {
-          __m256i acc[2];
-          KVQ_UNROLL for (int a = 0; a < 2; ++a) {  // lanes 8a .. 8a + 7: chunks z ≡ a (mod 2)
+          __m256i acc[kAcc8];
+          KVQ_UNROLL for (int a = 0; a < kAcc8; ++a) {  // lanes 8a .. 8a + 7: chunks z ≡ a (mod kAcc8)
             __m256i pairs = products(r, a);
-            KVQ_UNROLL for (int z = a + 2; z < kChunks; z += 2) pairs = _mm256_add_epi16(pairs, products(r, z));
+            KVQ_UNROLL for (int z = a + kAcc8; z < kChunks; z += kAcc8) pairs = _mm256_add_epi16(pairs, products(r, z));
             acc[a] = _mm256_madd_epi16(pairs, ones);
           }
-          __m256 f = _mm256_setzero_ps();
-          KVQ_UNROLL for (int a = 0; a < 2; ++a) {
+          // Each accumulator's s·(σ·isum + μR) + lo·Σq' on its own, then added neighbours
+          // first (one chain through all of them waited on 2·kAcc8 FMA latencies).
+          __m256 f[kAcc8];
+          KVQ_UNROLL for (int a = 0; a < kAcc8; ++a) {
             const __m256 code_term =
                 fmadd_avx2(_mm256_cvtepi32_ps(acc[a]), _mm256_load_ps(sigma[r] + 8 * a), _mm256_load_ps(residual[r] + 8 * a));
-            f = fmadd_avx2(code_term, s_vec[a], f);
-            f = fmadd_avx2(lo_vec[a], _mm256_load_ps(group_sum[r] + 8 * a), f);
+            f[a] = fmadd_avx2(code_term, s_vec[a], _mm256_mul_ps(lo_vec[a], _mm256_load_ps(group_sum[r] + 8 * a)));
           }
-          partial[r][j] = FloatVec<8>(f);
+          KVQ_UNROLL for (int w = kAcc8; w > 1; w /= 2)
+            KVQ_UNROLL for (int a = 0; a < w / 2; ++a) f[a] = _mm256_add_ps(f[2 * a], f[2 * a + 1]);
+          partial[r][j] = FloatVec<8>(f[0]);
         }
       }
       for (int r = 0; r < rows; ++r) {
