@@ -91,31 +91,65 @@ struct Table {
   int pages() const { return indptr[1]; }
 };
 
-// A quantized cache of `tokens` random tokens (one sequence), in one copy or, cold, in
-// many (PoolCopies, CacheState), and a GQA-4 decode query.
+// A decode query of qo_heads heads at d D, its outputs, and the one-sequence query table.
+template <int D>
+struct DecodeQuery {
+  std::vector<float> q, out, lse;
+  int qo_heads;
+  std::int32_t q_indptr[2] = {0, 1};
+  explicit DecodeQuery(int heads) : q(normal(std::size_t(heads) * D, 3)), out(q.size()), lse(heads), qo_heads(heads) {}
+  kvq::DecodeParams<float, float> params() { return {q.data(), q_indptr, qo_heads, nullptr, 0.f, false, out.data(), lse.data()}; }
+};
+
+// A quantized cache of `tokens` random tokens (one sequence, kKvHeads KV heads), in one
+// copy or, cold, in many (PoolCopies, CacheState), and a decode query of qo_heads heads
+// (GQA 4 by default).
 template <kvq::Policy P>
 struct QuantizedDecodeCase {
+  static constexpr int D = P.head_dim;
   Table t;
   kvq::PageLayout<P> layout{kPage, kKvHeads};
   std::vector<std::byte> pool;
   kvq::LayerParams params;
-  std::vector<float> q, out, lse;
-  std::int32_t q_indptr[2] = {0, 1};
+  DecodeQuery<D> query;
   PoolCopies copies;
-  QuantizedDecodeCase(int tokens, int state) : t(tokens), pool(layout.page_bytes() * t.pages()) {
-    if (P.key.centered) params.key_mean.assign(kKvHeads * kHeadDim, 0.1f);
-    const auto k = normal(std::size_t(tokens) * kKvHeads * kHeadDim, 1), v = normal(k.size(), 2);
+  QuantizedDecodeCase(int tokens, int state, int qo_heads = kQoHeads)
+      : t(tokens), pool(layout.page_bytes() * t.pages()), query(qo_heads) {
+    if (P.key.centered) params.key_mean.assign(kKvHeads * D, 0.1f);
+    const auto k = normal(std::size_t(tokens) * kKvHeads * D, 1), v = normal(k.size(), 2);
     std::vector<std::int32_t> bi(tokens, 0), pos(tokens);
     std::iota(pos.begin(), pos.end(), 0);
     kvq::throw_if_error(kvq::append_kv<P>(kvq::PagedCacheView<P>{pool.data(), t.pages(), layout}, t.view(), k.data(),
                                           v.data(), tokens, bi.data(), pos.data(), params.view()));
-    q = normal(kQoHeads * kHeadDim, 3);
-    out.resize(q.size());
-    lse.resize(kQoHeads);
     copies = PoolCopies(pool, state);
   }
   kvq::ConstPagedCacheView<P> next_cache() { return {copies.next(), t.pages(), layout}; }
-  kvq::DecodeParams<float, float> decode_params() { return {q.data(), q_indptr, kQoHeads, nullptr, 0.f, false, out.data(), lse.data()}; }
+  kvq::DecodeParams<float, float> decode_params() { return query.params(); }
+};
+
+// The same for an fp16 paged cache (the baseline).
+template <int D>
+struct Fp16DecodeCase {
+  Table t;
+  kvq::DensePageLayout<kvq::half_t, D> layout{kPage, kKvHeads};
+  std::vector<std::byte> pool;
+  DecodeQuery<D> query;
+  PoolCopies copies;
+  Fp16DecodeCase(int tokens, int state, int qo_heads = kQoHeads)
+      : t(tokens), pool(layout.page_bytes() * t.pages()), query(qo_heads) {
+    const auto k = normal(std::size_t(tokens) * kKvHeads * D, 1), v = normal(k.size(), 2);
+    for (int tok = 0; tok < tokens; ++tok)
+      for (int h = 0; h < kKvHeads; ++h)
+        for (int d = 0; d < D; ++d) {
+          std::byte* page = pool.data() + layout.page_bytes() * (tok / kPage);
+          layout.key_row(page, h, tok % kPage)[d] = kvq::half_t(k[(std::size_t(tok) * kKvHeads + h) * D + d]);
+          layout.value_row(page, h, tok % kPage)[d] = kvq::half_t(v[(std::size_t(tok) * kKvHeads + h) * D + d]);
+        }
+    copies = PoolCopies(pool, state);
+  }
+  void decode() {
+    kvq::throw_if_error(kvq::dense_paged_attention<D>(copies.next(), t.pages(), layout, t.view(), query.params()));
+  }
 };
 
 template <kvq::Policy P>
@@ -137,7 +171,7 @@ void BM_DecodeQuantized(benchmark::State& state) {
   const auto p = c.decode_params();
   for (auto _ : state) {
     kvq::throw_if_error(kvq::decode_attention<P>(c.next_cache(), c.t.view(), p, c.params.view(), {Scoring, Values}));
-    benchmark::DoNotOptimize(c.out.data());
+    benchmark::DoNotOptimize(c.query.out.data());
   }
   set_decode_counters<P>(state, tokens);
 }
@@ -158,7 +192,7 @@ void BM_DecodeQuantizedThreads(benchmark::State& state) {
   for (auto _ : state) {
     kvq::throw_if_error(kvq::decode_attention_split<P>(c.next_cache(), c.t.view(), p, c.params.view(), {Scoring, Values}, split,
                                                        {aligned, bytes}, executor));
-    benchmark::DoNotOptimize(c.out.data());
+    benchmark::DoNotOptimize(c.query.out.data());
   }
   set_decode_counters<P>(state, tokens);
   state.counters["threads"] = threads;
@@ -166,32 +200,46 @@ void BM_DecodeQuantizedThreads(benchmark::State& state) {
 #endif
 
 // The baseline: the same decode over an fp16 paged cache.
-void BM_DecodeFp16(benchmark::State& state) {
-  const int tokens = int(state.range(0));
-  Table t(tokens);
-  const kvq::DensePageLayout<kvq::half_t, kHeadDim> layout{kPage, kKvHeads};
-  std::vector<std::byte> pool(layout.page_bytes() * t.pages());
-  const auto k = normal(std::size_t(tokens) * kKvHeads * kHeadDim, 1), v = normal(k.size(), 2);
-  for (int tok = 0; tok < tokens; ++tok)
-    for (int h = 0; h < kKvHeads; ++h)
-      for (int d = 0; d < kHeadDim; ++d) {
-        std::byte* page = pool.data() + layout.page_bytes() * (tok / kPage);
-        layout.key_row(page, h, tok % kPage)[d] = kvq::half_t(k[(std::size_t(tok) * kKvHeads + h) * kHeadDim + d]);
-        layout.value_row(page, h, tok % kPage)[d] = kvq::half_t(v[(std::size_t(tok) * kKvHeads + h) * kHeadDim + d]);
-      }
-  const auto q = normal(kQoHeads * kHeadDim, 3);
-  std::vector<float> out(q.size()), lse(kQoHeads);
-  const std::int32_t q_indptr[2] = {0, 1};
-  const kvq::DecodeParams<float, float> p{q.data(), q_indptr, kQoHeads, nullptr, 0.f, false, out.data(), lse.data()};
-  PoolCopies copies(pool, int(state.range(1)));
-  for (auto _ : state) {
-    kvq::throw_if_error(kvq::dense_paged_attention<kHeadDim>(copies.next(), t.pages(), layout, t.view(), p));
-    benchmark::DoNotOptimize(out.data());
-  }
-  const double bytes = double(tokens) * kKvHeads * kHeadDim * 2 * sizeof(kvq::half_t);
+void set_fp16_counters(benchmark::State& state, int tokens, int d) {
+  const double bytes = double(tokens) * kKvHeads * d * 2 * sizeof(kvq::half_t);
   state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tok*head/s"] = benchmark::Counter(double(tokens) * kKvHeads, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["bytes/tok*head"] = double(kHeadDim * 2 * sizeof(kvq::half_t));
+  state.counters["bytes/tok*head"] = double(d * 2 * sizeof(kvq::half_t));
+}
+void BM_DecodeFp16(benchmark::State& state) {
+  const int tokens = int(state.range(0));
+  Fp16DecodeCase<kHeadDim> c(tokens, int(state.range(1)));
+  for (auto _ : state) {
+    c.decode();
+    benchmark::DoNotOptimize(c.query.out.data());
+  }
+  set_fp16_counters(state, tokens, kHeadDim);
+}
+
+// Other shapes: {tokens, GQA} at d = P.head_dim (D), warm. The fastest mode against fp16
+// pages of the same shape, so that the ratio is read per (d, GQA): the per-token work
+// that does not scale with d (softmax, weights, metadata) weighs most at d 64.
+template <kvq::Policy P>
+void BM_DecodeShape(benchmark::State& state) {
+  const int tokens = int(state.range(0));
+  QuantizedDecodeCase<P> c(tokens, kWarm, kKvHeads * int(state.range(1)));
+  const auto p = c.decode_params();
+  for (auto _ : state) {
+    kvq::throw_if_error(kvq::decode_attention<P>(c.next_cache(), c.t.view(), p, c.params.view(),
+                                                 {kvq::KeyScoring::int8_query, kvq::ValueAccumulation::int8_weights}));
+    benchmark::DoNotOptimize(c.query.out.data());
+  }
+  set_decode_counters<P>(state, tokens);
+}
+template <int D>
+void BM_DecodeShapeFp16(benchmark::State& state) {
+  const int tokens = int(state.range(0));
+  Fp16DecodeCase<D> c(tokens, kWarm, kKvHeads * int(state.range(1)));
+  for (auto _ : state) {
+    c.decode();
+    benchmark::DoNotOptimize(c.query.out.data());
+  }
+  set_fp16_counters(state, tokens, D);
 }
 
 // Memory roofline: one pass reading a buffer of `range(0)` bytes (sum of 64-bit words).
@@ -324,6 +372,17 @@ BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V4, kInt8, kInt8Values>) KVQ_CONTEX
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2, kInt8, kInt8Values>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K2V2, kInt8, kInt8Values>) KVQ_CONTEXTS;
 BENCHMARK(BM_DecodeQuantized<kvq::presets::K4V2_HC, kInt8, kInt8Values>) KVQ_CONTEXTS;
+// {tokens, GQA}, warm
+#define KVQ_SHAPES ->Args({4096, 1})->Args({4096, 4})->Args({4096, 8})->Unit(benchmark::kMicrosecond)
+BENCHMARK(BM_DecodeShapeFp16<64>) KVQ_SHAPES;
+BENCHMARK(BM_DecodeShape<kvq::presets::K4V2.with_head_dim(64)>) KVQ_SHAPES;
+BENCHMARK(BM_DecodeShape<kvq::presets::K2V2.with_head_dim(64)>) KVQ_SHAPES;
+BENCHMARK(BM_DecodeShapeFp16<128>) KVQ_SHAPES;
+BENCHMARK(BM_DecodeShape<kvq::presets::K4V2>) KVQ_SHAPES;
+BENCHMARK(BM_DecodeShape<kvq::presets::K2V2>) KVQ_SHAPES;
+BENCHMARK(BM_DecodeShapeFp16<256>) KVQ_SHAPES;
+BENCHMARK(BM_DecodeShape<kvq::presets::K4V2.with_head_dim(256)>) KVQ_SHAPES;
+BENCHMARK(BM_DecodeShape<kvq::presets::K2V2.with_head_dim(256)>) KVQ_SHAPES;
 #if defined(_OPENMP)
 BENCHMARK(BM_DecodeQuantizedThreads<kvq::presets::K4V2, kInt8, kInt8Values>)->Args({32768, 1})->Args({32768, 2})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeQuantizedThreads<kvq::presets::K2V2, kInt8, kInt8Values>)->Args({32768, 1})->Args({32768, 2})->UseRealTime()->Unit(benchmark::kMicrosecond);
