@@ -48,7 +48,8 @@ constexpr bool int8_values_supported() {
 // scale[g][j], lo[g][j] for j < kTokensPerBlock from a block's stored value metadata
 // raw [kTokensPerBlock][2·kGroups] ({scale, lo} per group, zero past the block's n).
 // One group per row (every preset with value groups of head_dim) decodes 16 tokens per
-// step with AVX-512; the conversions are exact, so every path gives the same floats.
+// step with AVX-512, 8 with AVX2 + F16C; the conversions are exact, so every path gives
+// the same floats.
 template <MetaType M, int kGroups>
 KVQ_FORCE_INLINE void decode_meta_block(const meta_storage_t<M> (*raw)[2 * kGroups], float (*scale)[kTokensPerBlock],
                                         float (*lo)[kTokensPerBlock]) {
@@ -65,6 +66,26 @@ KVQ_FORCE_INLINE void decode_meta_block(const meta_storage_t<M> (*raw)[2 * kGrou
       } else {  // bf16: the high half of an fp32
         _mm512_storeu_ps(&scale[0][j], _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, pairs, 16)));
         _mm512_storeu_ps(&lo[0][j], _mm512_castsi512_ps(_mm512_maskz_and_epi32(0xFFFF, pairs, _mm512_set1_epi32(int(0xFFFF0000u)))));
+      }
+    }
+    return;
+  }
+#elif KVQ_CPU_AVX2 && KVQ_CPU_F16C
+  if constexpr (kGroups == 1 && M != MetaType::fp32) {  // 8 tokens per step
+    const __m256i low_words = _mm256_set1_epi32(0xFFFF);
+    for (int j = 0; j < kTokensPerBlock; j += 8) {
+      const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&raw[j][0]));  // 8 × (scale, lo)
+      if constexpr (M == MetaType::fp16) {
+        // Each pair's half as a dword, packed to words (lanes 0–3 and 8–11), then the two
+        // 64-bit quarters that hold them side by side.
+        auto halves = [](__m256i dwords) {
+          return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(dwords, dwords), 0x08));
+        };
+        _mm256_storeu_ps(&scale[0][j], _mm256_cvtph_ps(halves(_mm256_and_si256(pairs, low_words))));
+        _mm256_storeu_ps(&lo[0][j], _mm256_cvtph_ps(halves(_mm256_srli_epi32(pairs, 16))));
+      } else {  // bf16: the high half of an fp32
+        _mm256_storeu_ps(&scale[0][j], _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)));
+        _mm256_storeu_ps(&lo[0][j], _mm256_castsi256_ps(_mm256_andnot_si256(low_words, pairs)));
       }
     }
     return;
