@@ -351,9 +351,11 @@ struct Int8Query {
   // first, over 8 tokens at once (two vphaddd levels), so that the fp32 factors take one
   // lane per (token, group): 2·kAcc8 vectors per row and 8 tokens instead of kAcc8 per
   // row and token.
+  // Folded (kFold8) sums take this path too where each half of their 8 lanes is one group
+  // (4-bit keys at d 64).
+  static constexpr int kHalfVectors = kFold8 ? 1 : kAcc8;  // int32 sum vectors per token and row
   static constexpr bool kHalfGroups = [] {
-    if (kFold8) return false;
-    for (int lane = 0; lane < kAccLanes; ++lane)
+    for (int lane = 0; lane < 8 * kHalfVectors; ++lane)
       if (kLaneGroup[lane] != kLaneGroup[lane / 4 * 4]) return false;
     return true;
   }();
@@ -365,18 +367,23 @@ struct Int8Query {
     constexpr bool kTwoHalves = 2 * kGroups > 8;  // metadata values 8 .. 15 in a second vector
     const __m256i ones = _mm256_set1_epi16(1);
     if constexpr (kHalfGroups) {
-      // Half h (lanes 4h .. 4h+3: chunks z ≡ h / 2 (mod kAcc8), 128-bit half h % 2)
+      // Half h (lanes 4h .. 4h+3: chunks z ≡ h / 2 (mod kHalfVectors), 128-bit half h % 2)
       // carries group kLaneGroup[4h]; its σ is the group's, its μR and Σq' the sums of
-      // its four lanes'.
-      constexpr int kHalves = 2 * kAcc8;
+      // its four lanes' (folded: of its eight, lanes 4h + i and 4h + 8 + i).
+      constexpr int kVecs = kHalfVectors, kHalves = 2 * kVecs;
       float half_sigma[kMaxRowsPerPass][kHalves], half_residual[kMaxRowsPerPass][kHalves], half_sum[kMaxRowsPerPass][kHalves];
+      auto four = [](const float* x) { return (x[0] + x[1]) + (x[2] + x[3]); };
       for (int r = 0; r < rows; ++r)
         for (int h = 0; h < kHalves; ++h) {
           half_sigma[r][h] = sigma[r][4 * h];
-          half_residual[r][h] = (residual[r][4 * h] + residual[r][4 * h + 1]) + (residual[r][4 * h + 2] + residual[r][4 * h + 3]);
-          half_sum[r][h] = (group_sum[r][4 * h] + group_sum[r][4 * h + 1]) + (group_sum[r][4 * h + 2] + group_sum[r][4 * h + 3]);
+          half_residual[r][h] = four(residual[r] + 4 * h);
+          half_sum[r][h] = four(group_sum[r] + 4 * h);
+          if constexpr (kFold8) {
+            half_residual[r][h] += four(residual[r] + 4 * h + 8);
+            half_sum[r][h] += four(group_sum[r] + 4 * h + 8);
+          }
         }
-      alignas(32) __m256i sums[kMaxRowsPerPass][8][kAcc8];  // [row][token of the 8][accumulator]
+      alignas(32) __m256i sums[kMaxRowsPerPass][8][kVecs];  // [row][token of the 8][sum vector]
       for (int j0 = 0; j0 < n; j0 += 8) {
         const int m = n - j0 < 8 ? n - j0 : 8;
         __m256 meta8[kTwoHalves ? 2 : 1][8];  // token j's metadata values 8·part .., zero past the block
@@ -384,16 +391,16 @@ struct Int8Query {
           if (j >= m) {
             for (auto& part : meta8) part[j] = _mm256_setzero_ps();
             for (int r = 0; r < rows; ++r)
-              for (int a = 0; a < kAcc8; ++a) sums[r][j][a] = _mm256_setzero_si256();
+              for (int a = 0; a < kVecs; ++a) sums[r][j][a] = _mm256_setzero_si256();
             continue;
           }
           __m256i c[kChunks];
           KVQ_UNROLL for (int z = 0; z < kChunks; ++z) c[z] = code_chunk_avx2(codes[j0 + j], z);
           KVQ_UNROLL for (int part = 0; part < (kTwoHalves ? 2 : 1); ++part) meta8[part][j] = load_meta_avx2<M>(meta[j0 + j], part);
           for (int r = 0; r < rows; ++r)
-            KVQ_UNROLL for (int a = 0; a < kAcc8; ++a) {
+            KVQ_UNROLL for (int a = 0; a < kVecs; ++a) {
               __m256i pairs = _mm256_maddubs_epi16(c[a], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * a)));
-              KVQ_UNROLL for (int z = a + kAcc8; z < kChunks; z += kAcc8)
+              KVQ_UNROLL for (int z = a + kVecs; z < kChunks; z += kVecs)
                 pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(c[z], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * z))));
               sums[r][j][a] = _mm256_madd_epi16(pairs, ones);
             }
@@ -420,7 +427,7 @@ struct Int8Query {
         for (int r = 0; r < rows; ++r) {
           // halves[h] lane t = token t's int32 sum of half h.
           __m256i halves[kHalves];
-          KVQ_UNROLL for (int a = 0; a < kAcc8; ++a) {
+          KVQ_UNROLL for (int a = 0; a < kVecs; ++a) {
             const __m256i p01 = _mm256_hadd_epi32(sums[r][0][a], sums[r][1][a]), p23 = _mm256_hadd_epi32(sums[r][2][a], sums[r][3][a]);
             const __m256i p45 = _mm256_hadd_epi32(sums[r][4][a], sums[r][5][a]), p67 = _mm256_hadd_epi32(sums[r][6][a], sums[r][7][a]);
             const __m256i q03 = _mm256_hadd_epi32(p01, p23), q47 = _mm256_hadd_epi32(p45, p67);
