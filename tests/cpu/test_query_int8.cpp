@@ -74,9 +74,11 @@ TEST(Int8Query, ScoringIsExactInIntegersAndWithinItsBound) {
 // score_block (the SIMD path the decode uses: metadata widened in registers, 16 tokens
 // reduced by one transpose) against score_generic token by token, on every metadata
 // type, full and partial blocks, and all row counts of a pass. The integer sums are
-// exact on both; only the fp32 summation order differs.
+// exact on both; only the fp32 summation order differs. Token j's row is row j of the
+// buffer, or with `scattered` row 7·j mod 64, so that no two consecutive tokens are
+// neighbours in memory (rows from different pages: the SIMD paths gather metadata).
 template <int Bits, int G, int D, kvq::MetaType M>
-void check_block_against_generic(std::uint32_t seed) {
+void check_block_against_generic(std::uint32_t seed, bool scattered = false) {
   using Meta = kvq::MetaTraits<M>;
   constexpr int NK = D / G, kBlock = kvq::detail::kTokensPerBlock, kRows = kvq::detail::kMaxRowsPerPass;
   std::mt19937 rng(seed);
@@ -90,8 +92,9 @@ void check_block_against_generic(std::uint32_t seed) {
   const std::uint8_t* code_rows[kBlock];
   const typename Meta::storage* meta_rows[kBlock];
   for (int j = 0; j < kBlock; ++j) {
-    code_rows[j] = codes.data() + std::size_t(j) * D * Bits / 8;
-    meta_rows[j] = meta.data() + std::size_t(j) * 2 * NK;
+    const std::size_t row = scattered ? std::size_t(7 * j % kBlock) : std::size_t(j);
+    code_rows[j] = codes.data() + row * D * Bits / 8;
+    meta_rows[j] = meta.data() + row * 2 * NK;
   }
   for (int rows : {1, 4, 7, kRows})
     for (int n : {kBlock, 17, 16, 5, 1}) {
@@ -150,6 +153,12 @@ TEST(Int8Query, BlockScoringMatchesTheGenericPath) {
   // The AVX2 block path with 16 metadata values (two halves) and 32 accumulator lanes.
   check_block_against_generic<2, 32, 256, fp16>(29);
   check_block_against_generic<4, 32, 256, bf16>(30);
+  // Rows and metadata that are not consecutive (the gathers).
+  check_block_against_generic<2, 32, 64, fp16>(31, true);
+  check_block_against_generic<4, 32, 128, fp16>(32, true);
+  check_block_against_generic<2, 32, 128, bf16>(33, true);
+  check_block_against_generic<4, 32, 256, fp16>(34, true);
+  check_block_against_generic<4, 32, 64, fp16>(35, true);
 }
 
 TEST(Int8Query, NonFiniteQueryGroupMakesTheLogitNaN) {
