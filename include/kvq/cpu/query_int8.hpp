@@ -359,6 +359,15 @@ struct Int8Query {
       if (kLaneGroup[lane] != kLaneGroup[lane / 4 * 4]) return false;
     return true;
   }();
+  // Folded sums whose lane pairs (2p, 2p + 1) carry one group each (8-byte groups: 2-bit
+  // keys at d 64 and 128): one vphaddd of two tokens' sums leaves one (token, pair) per
+  // lane, and the fp32 factors take 4 vectors per row and 8 tokens instead of 8.
+  static constexpr bool kPairGroups = [] {
+    if (!kFold8 || kHalfGroups || 2 * kGroups > 8) return false;
+    for (int lane = 0; lane < 8; ++lane)
+      if (kLaneGroup[lane] != kLaneGroup[lane / 2 * 2]) return false;
+    return true;
+  }();
   template <MetaType M>
   KVQ_FORCE_INLINE void score_block_avx2(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta,
                                          int rows, float (*s)[kTokensPerBlock]) const {
@@ -446,6 +455,70 @@ struct Int8Query {
             KVQ_UNROLL for (int h = 0; h < w / 2; ++h) f[h] = _mm256_add_ps(f[2 * h], f[2 * h + 1]);
           alignas(32) float logits[8];
           _mm256_store_ps(logits, f[0]);
+          std::memcpy(&s[r][j0], logits, m * sizeof(float));
+        }
+      }
+      return;
+    }
+    if constexpr (kPairGroups) {
+      // vphaddd(sums of tokens a, b) holds in 128-bit half h the lane pairs 2h, 2h + 1 of
+      // a, then of b: lane k carries pair p = 2·(k / 4) + k % 2 of token a + (k % 4) / 2.
+      // Its constants, per row: σ of the pair's group, μR and Σq' of its two lanes and
+      // their folded partners (lanes + 8).
+      static_assert([] {  // pair p's group is the one whose {scale, lo} the shuffles below pick
+        for (int p = 0; p < 4; ++p)
+          if (kLaneGroup[2 * p] != (2 * kGroups == 8 ? p : p % 2)) return false;
+        return true;
+      }());
+      alignas(32) float pair_sigma[kMaxRowsPerPass][8], pair_residual[kMaxRowsPerPass][8], pair_sum[kMaxRowsPerPass][8];
+      for (int r = 0; r < rows; ++r)
+        for (int k = 0; k < 8; ++k) {
+          const int p = 2 * (k / 4) + k % 2;
+          pair_sigma[r][k] = sigma[r][2 * p];
+          pair_residual[r][k] = (residual[r][2 * p] + residual[r][2 * p + 1]) + (residual[r][2 * p + 8] + residual[r][2 * p + 9]);
+          pair_sum[r][k] = (group_sum[r][2 * p] + group_sum[r][2 * p + 1]) + (group_sum[r][2 * p + 8] + group_sum[r][2 * p + 9]);
+        }
+      alignas(32) __m256i sums[kMaxRowsPerPass][8];  // [row][token of the 8]
+      for (int j0 = 0; j0 < n; j0 += 8) {
+        const int m = n - j0 < 8 ? n - j0 : 8;
+        __m256 meta8[8];  // token j's {scale, lo} pairs, groups 0, 1 | 2, 3 (4 values: twice)
+        for (int j = 0; j < 8; ++j) {
+          if (j >= m) {
+            meta8[j] = _mm256_setzero_ps();
+            for (int r = 0; r < rows; ++r) sums[r][j] = _mm256_setzero_si256();
+            continue;
+          }
+          __m256i c[kChunks];
+          KVQ_UNROLL for (int z = 0; z < kChunks; ++z) c[z] = code_chunk_avx2(codes[j0 + j], z);
+          meta8[j] = load_meta_avx2<M>(meta[j0 + j]);
+          if constexpr (2 * kGroups == 4) meta8[j] = _mm256_permute2f128_ps(meta8[j], meta8[j], 0x00);
+          for (int r = 0; r < rows; ++r) {
+            __m256i pairs = _mm256_maddubs_epi16(c[0], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r])));
+            KVQ_UNROLL for (int z = 1; z < kChunks; ++z)
+              pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(c[z], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * z))));
+            sums[r][j] = _mm256_madd_epi16(pairs, ones);
+          }
+        }
+        // Scale and lo in the lane order of vphaddd(token 2i, token 2i + 1).
+        __m256 scale2[4], lo2[4];
+        KVQ_UNROLL for (int i = 0; i < 4; ++i) {
+          scale2[i] = _mm256_shuffle_ps(meta8[2 * i], meta8[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0));
+          lo2[i] = _mm256_shuffle_ps(meta8[2 * i], meta8[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1));
+        }
+        for (int r = 0; r < rows; ++r) {
+          const __m256 sig = _mm256_load_ps(pair_sigma[r]), res = _mm256_load_ps(pair_residual[r]), sum = _mm256_load_ps(pair_sum[r]);
+          __m256 f[4];
+          KVQ_UNROLL for (int i = 0; i < 4; ++i) {
+            const __m256 isum = _mm256_cvtepi32_ps(_mm256_hadd_epi32(sums[r][2 * i], sums[r][2 * i + 1]));
+            f[i] = fmadd_avx2(fmadd_avx2(isum, sig, res), scale2[i], _mm256_mul_ps(lo2[i], sum));
+          }
+          // Halves added: x lane 4h + k / 2 ... = token 2·(2h + …); then each token's two
+          // pairs, and the tokens back in order.
+          const __m256 x = _mm256_add_ps(_mm256_permute2f128_ps(f[0], f[1], 0x20), _mm256_permute2f128_ps(f[0], f[1], 0x31));
+          const __m256 y = _mm256_add_ps(_mm256_permute2f128_ps(f[2], f[3], 0x20), _mm256_permute2f128_ps(f[2], f[3], 0x31));
+          const __m256 t = _mm256_hadd_ps(x, y);  // tokens 0, 1, 4, 5 | 2, 3, 6, 7
+          alignas(32) float logits[8];
+          _mm256_store_ps(logits, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0))));
           std::memcpy(&s[r][j0], logits, m * sizeof(float));
         }
       }
