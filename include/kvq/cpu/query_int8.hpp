@@ -339,7 +339,8 @@ struct Int8Query {
   // 8-lane factors of 8 tokens are reduced together by one transpose (sum_lanes_8x8).
   // When lanes L and L + 8 carry the same group (32-byte or 16-byte slabs: 2-bit keys at
   // d ≤ 128, 4-bit at d 64), all chunks go into one int16 sum and the fp32 factors are
-  // applied to 8 lanes instead of 16 (a summation order only).
+  // applied to 8 lanes instead of 16 (a summation order only); where those 8 lanes hold
+  // one group per half or per lane pair, the epilogues below apply them per group.
   static constexpr bool kFold8 = [] {
     if (kAccLanes != 16) return false;
     for (int lane = 0; lane < 8; ++lane)
