@@ -236,31 +236,32 @@ struct Int8Query {
     for (int r = 0; r < rows; ++r) logits[r * stride] = score_row<false>(unpacked, r, s_lane, lo_lane);
   }
 
-  // s[r][j] for r < rows, j < n ≤ kTokensPerBlock: a block of tokens whose packed rows
-  // and stored metadata (2·kGroups values of M) are codes[j] and meta[j]. With AVX-512
+  // s[r][first + j] for r < rows, j < n ≤ kTokensPerBlock − first: a block of tokens
+  // whose packed rows and stored metadata (2·kGroups values of M) are codes[j] and
+  // meta[j]. With AVX-512
   // VNNI the metadata is widened in registers and each row's 16-lane sums of 16 tokens
   // are reduced together by one transpose (reduce_16x16) instead of 16 horizontal sums;
   // AVX2 does the same 8 tokens at a time where kAvx2Block holds.
   template <MetaType M>
   void score_block(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta, int rows,
-                   float (*s)[kTokensPerBlock]) const {
+                   float (*s)[kTokensPerBlock], int first = 0) const {
 #if KVQ_CPU_AVX512_VNNI
     if constexpr (kTransposed && M != MetaType::fp32) {
-      score_block_transposed<M>(n, codes, meta, rows, s);
+      score_block_transposed<M>(n, codes, meta, rows, s, first);
     } else {
-      score_block_vnni<M>(n, codes, meta, rows, s);
+      score_block_vnni<M>(n, codes, meta, rows, s, first);
     }
 #else
 #if KVQ_CPU_AVX2 && KVQ_CPU_F16C
     if constexpr (kAvx2Block) {
-      score_block_avx2<M>(n, codes, meta, rows, s);
+      score_block_avx2<M>(n, codes, meta, rows, s, first);
       return;
     }
 #endif
     float decoded[2 * kGroups];
     for (int j = 0; j < n; ++j) {
       for (int i = 0; i < 2 * kGroups; ++i) decoded[i] = MetaTraits<M>::decode(meta[j][i]);
-      score(codes[j], decoded, rows, &s[0][j], kTokensPerBlock);
+      score(codes[j], decoded, rows, &s[0][first + j], kTokensPerBlock);
     }
 #endif
   }
@@ -371,7 +372,7 @@ struct Int8Query {
   }();
   template <MetaType M>
   KVQ_FORCE_INLINE void score_block_avx2(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta,
-                                         int rows, float (*s)[kTokensPerBlock]) const {
+                                         int rows, float (*s)[kTokensPerBlock], int first) const {
     constexpr int kChunks = D / 32, kPairMax = 2 * 127 * ((1 << Bits) - 1);
     static_assert((kFold8 ? kChunks : kChunks / kAcc8) * kPairMax <= 32767, "kvq: int16 pre-sums would overflow");
     constexpr bool kTwoHalves = 2 * kGroups > 8;  // metadata values 8 .. 15 in a second vector
@@ -456,7 +457,7 @@ struct Int8Query {
             KVQ_UNROLL for (int h = 0; h < w / 2; ++h) f[h] = _mm256_add_ps(f[2 * h], f[2 * h + 1]);
           alignas(32) float logits[8];
           _mm256_store_ps(logits, f[0]);
-          std::memcpy(&s[r][j0], logits, m * sizeof(float));
+          std::memcpy(&s[r][first + j0], logits, m * sizeof(float));
         }
       }
       return;
@@ -520,7 +521,7 @@ struct Int8Query {
           const __m256 t = _mm256_hadd_ps(x, y);  // tokens 0, 1, 4, 5 | 2, 3, 6, 7
           alignas(32) float logits[8];
           _mm256_store_ps(logits, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0))));
-          std::memcpy(&s[r][j0], logits, m * sizeof(float));
+          std::memcpy(&s[r][first + j0], logits, m * sizeof(float));
         }
       }
       return;
@@ -603,7 +604,7 @@ struct Int8Query {
       for (int r = 0; r < rows; ++r) {
         alignas(32) float sums[8];
         sum_lanes_8x8(partial[r], sums);
-        std::memcpy(&s[r][j0], sums, m * sizeof(float));
+        std::memcpy(&s[r][first + j0], sums, m * sizeof(float));
       }
     }
   }
@@ -680,7 +681,7 @@ struct Int8Query {
 
   template <MetaType M>
   KVQ_FORCE_INLINE void score_block_vnni(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta,
-                                         int rows, float (*s)[kTokensPerBlock]) const {
+                                         int rows, float (*s)[kTokensPerBlock], int first) const {
     constexpr int kChunks = D / 64, kAcc = kAccLanes / 16;
     alignas(64) __m512 partial[kMaxRowsPerPass][16];  // [row][reduce position]
     for (int j0 = 0; j0 < n; j0 += 16) {
@@ -702,7 +703,7 @@ struct Int8Query {
       for (int j = m; j < 16; ++j)
         for (int r = 0; r < rows; ++r) partial[r][kReducePos[j]] = _mm512_setzero_ps();
       const __mmask16 store = __mmask16((1u << m) - 1u);
-      for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(&s[r][j0], store, reduce_16x16(partial[r]));
+      for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(&s[r][first + j0], store, reduce_16x16(partial[r]));
     }
   }
 
@@ -710,7 +711,7 @@ struct Int8Query {
   template <MetaType M>
   KVQ_FORCE_INLINE void score_block_transposed(int n, const std::uint8_t* const* codes,
                                                const meta_storage_t<M>* const* meta, int rows,
-                                               float (*s)[kTokensPerBlock]) const {
+                                               float (*s)[kTokensPerBlock], int first) const {
     constexpr int kQuads = 4 / kTokensPerRow, kMetaPerToken = 2 * kGroups;
     constexpr int kQuadMeta = 4 * kTokensPerRow * kMetaPerToken;  // ≤ 64 16-bit values
     alignas(64) static constexpr std::uint8_t kZeroRow[kSlabBytes] = {};
@@ -844,7 +845,7 @@ struct Int8Query {
         } else {
           y = f[0];
         }
-        _mm512_mask_storeu_ps(&s[r][j0], store, y);
+        _mm512_mask_storeu_ps(&s[r][first + j0], store, y);
       }
     }
   }
