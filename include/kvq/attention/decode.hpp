@@ -157,9 +157,10 @@ struct QuantizedTileSource {
       });
       // The next block's keys are asked for after the products (prefetch_keys). Bursts of
       // more than 80 lines (4-bit keys at d 256: 160 a block) are spread over the block in
-      // 2 or 4 steps: d 256, 32K tokens from DRAM, one Zen 4 core, K4V2 fastest 2060 →
-      // 1598 µs in 4 steps (1841–1886 in 2), K2V2 (96 lines) 1612 → 1389–1456 in 2 (1534
-      // in 4); at d 128 (80 and 48 lines) spreading cost 3–7%.
+      // 2 or 4 steps, each scoring kStep tokens: d 256, 32K tokens from DRAM, one Zen 4
+      // core, K4V2 fastest 2094–2116 → 1637–1679 µs in 4 steps (1841–1886 in 2), K2V2 (96
+      // lines, 2 steps) 1603–1641 → 1538–1552; at d 128 (80 and 48 lines) a prototype of
+      // the spread lost 3–7%.
       constexpr int kLines = int(kTokensPerBlock * (PageLayout<P>::kKeyCodeBytes + PageLayout<P>::kKeyMetaBytes) / 64);
       constexpr int kSteps = kLines <= 80 ? 1 : (kLines <= 128 ? 2 : 4), kStep = kTokensPerBlock / kSteps;
       int asked = 0;
