@@ -343,7 +343,9 @@ void decode_pass(const ConstPagedCacheView<P>& cache, const PageTableView& table
   for (int rr = 0; rr < rows; ++rr) {
     const bool empty = l[rr] == 0.f;
     const float inv_l = empty ? 0.f : 1.f / l[rr];
-    for (int d = 0; d < D; ++d) o[d] = acc[rr * D + slab_position<P.value.bits, D>(d)] * inv_l;
+    constexpr int kPerByte = 8 / P.value.bits, kSlab = D / kPerByte;  // slab_position's inverse, strided
+    for (int k = 0; k < kPerByte; ++k)
+      for (int j = 0; j < kSlab; ++j) o[kPerByte * j + k] = acc[rr * D + k * kSlab + j] * inv_l;
     if (!empty && !p.rotated_output) untransform_output<P>(o, h, r, scratch);
     write(rr, o, empty ? neg_inf_f() : m[rr] + std::log(l[rr]) + tau * shift[rr]);
   }
