@@ -166,9 +166,8 @@ struct QuantizedTileSource {
       int asked = 0;
       for (int j0 = 0, i = 1; j0 < n; j0 += kStep, ++i) {
         q8->template score_block<P.key.meta>(std::min(kStep, n - j0), codes + j0, meta + j0, rows, s, j0);
-        const int upto = i == kSteps ? next_keys : next_keys * i / kSteps;
-        if (upto > asked) ask_for_rows<true>(next_key + asked, upto - asked);
-        asked = std::max(asked, upto);
+        const int upto = next_keys * i / kSteps;  // non-decreasing in i
+        if (upto > asked) ask_for_rows<true>(next_key + asked, upto - asked), asked = upto;
       }
       if (next_keys > asked) ask_for_rows<true>(next_key + asked, next_keys - asked);
       next_keys = 0;

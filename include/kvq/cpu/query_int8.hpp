@@ -381,13 +381,24 @@ struct Int8Query {
       if (kLaneGroup[lane] != kLaneGroup[lane / 2 * 2]) return false;
     return true;
   }();
+  // Row r's int32 lane sums over one token's unpacked chunks c[D / 32] that share 8-lane
+  // vector a of V (chunks z ≡ a mod V): vpmaddubsw pairs added in int16 (the bound in
+  // score_block_avx2), then one vpmaddwd.
+  template <int V>
+  KVQ_FORCE_INLINE __m256i lane_sums_avx2(const __m256i* c, int r, int a) const {
+    auto products = [&](int z) {
+      return _mm256_maddubs_epi16(c[z], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * z)));
+    };
+    __m256i pairs = products(a);
+    KVQ_UNROLL for (int z = a + V; z < D / 32; z += V) pairs = _mm256_add_epi16(pairs, products(z));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+  }
   template <MetaType M>
   KVQ_FORCE_INLINE void score_block_avx2(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta,
                                          int rows, float (*s)[kTokensPerBlock], int first) const {
     constexpr int kChunks = D / 32, kPairMax = 2 * 127 * ((1 << Bits) - 1);
     static_assert((kFold8 ? kChunks : kChunks / kAcc8) * kPairMax <= 32767, "kvq: int16 pre-sums would overflow");
     constexpr bool kTwoHalves = 2 * kGroups > 8;  // metadata values 8 .. 15 in a second vector
-    const __m256i ones = _mm256_set1_epi16(1);
     if constexpr (kHalfGroups) {
       // Half h (lanes 4h .. 4h+3: chunks z ≡ h / 2 (mod kHalfVectors), 128-bit half h % 2)
       // carries group kLaneGroup[4h]; its σ is the group's, its μR and Σq' the sums of
@@ -420,12 +431,7 @@ struct Int8Query {
           KVQ_UNROLL for (int z = 0; z < kChunks; ++z) c[z] = code_chunk_avx2(codes[j0 + j], z);
           KVQ_UNROLL for (int part = 0; part < (kTwoHalves ? 2 : 1); ++part) meta8[part][j] = load_meta_avx2<M>(meta[j0 + j], part);
           for (int r = 0; r < rows; ++r)
-            KVQ_UNROLL for (int a = 0; a < kVecs; ++a) {
-              __m256i pairs = _mm256_maddubs_epi16(c[a], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * a)));
-              KVQ_UNROLL for (int z = a + kVecs; z < kChunks; z += kVecs)
-                pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(c[z], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * z))));
-              sums[r][j][a] = _mm256_madd_epi16(pairs, ones);
-            }
+            KVQ_UNROLL for (int a = 0; a < kVecs; ++a) sums[r][j][a] = lane_sums_avx2<kVecs>(c, r, a);
         }
         // by_value[v] lane t = metadata value v of token t (8×8 transposes).
         __m256 by_value[kTwoHalves ? 16 : 8];
@@ -505,12 +511,7 @@ struct Int8Query {
           KVQ_UNROLL for (int z = 0; z < kChunks; ++z) c[z] = code_chunk_avx2(codes[j0 + j], z);
           meta8[j] = load_meta_avx2<M>(meta[j0 + j]);
           if constexpr (2 * kGroups == 4) meta8[j] = _mm256_permute2f128_ps(meta8[j], meta8[j], 0x00);
-          for (int r = 0; r < rows; ++r) {
-            __m256i pairs = _mm256_maddubs_epi16(c[0], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r])));
-            KVQ_UNROLL for (int z = 1; z < kChunks; ++z)
-              pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(c[z], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * z))));
-            sums[r][j] = _mm256_madd_epi16(pairs, ones);
-          }
+          for (int r = 0; r < rows; ++r) sums[r][j] = lane_sums_avx2<1>(c, r, 0);
         }
         // Scale and lo in the lane order of vphaddd(token 2i, token 2i + 1).
         __m256 scale2[4], lo2[4];
@@ -573,15 +574,10 @@ struct Int8Query {
         KVQ_UNROLL for (int z = 0; z < kChunks; ++z) c[z] = code_chunk_avx2(codes[j0 + j], z);
         const __m256 meta8 = load_meta_avx2<M>(meta[j0 + j]);
         const __m256 meta8_high = kTwoHalves ? load_meta_avx2<M>(meta[j0 + j], 1) : meta8;
-        auto products = [&](int r, int z) {
-          return _mm256_maddubs_epi16(c[z], _mm256_load_si256(reinterpret_cast<const __m256i*>(q8[r] + 32 * z)));
-        };
         if constexpr (kFold8) {
           const __m256 s8 = _mm256_permutevar8x32_ps(meta8, s_index[0]), lo8 = _mm256_permutevar8x32_ps(meta8, lo_index[0]);
           for (int r = 0; r < rows; ++r) {
-            __m256i pairs = products(r, 0);
-            KVQ_UNROLL for (int z = 1; z < kChunks; ++z) pairs = _mm256_add_epi16(pairs, products(r, z));
-            const __m256 code_term = fmadd_avx2(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones)), folded[r].sigma,
+            const __m256 code_term = fmadd_avx2(_mm256_cvtepi32_ps(lane_sums_avx2<1>(c, r, 0)), folded[r].sigma,
                                                 folded[r].residual);
             partial[r][j] = FloatVec<8>(fmadd_avx2(code_term, s8, _mm256_mul_ps(lo8, folded[r].group_sum)));
           }
@@ -594,11 +590,7 @@ struct Int8Query {
         }
         for (int r = 0; r < rows; ++r) {
           __m256i acc[kAcc8];
-          KVQ_UNROLL for (int a = 0; a < kAcc8; ++a) {  // lanes 8a .. 8a + 7: chunks z ≡ a (mod kAcc8)
-            __m256i pairs = products(r, a);
-            KVQ_UNROLL for (int z = a + kAcc8; z < kChunks; z += kAcc8) pairs = _mm256_add_epi16(pairs, products(r, z));
-            acc[a] = _mm256_madd_epi16(pairs, ones);
-          }
+          KVQ_UNROLL for (int a = 0; a < kAcc8; ++a) acc[a] = lane_sums_avx2<kAcc8>(c, r, a);  // lanes 8a .. 8a + 7
           // Each accumulator's s·(σ·isum + μR) + lo·Σq' on its own, then added neighbours
           // first (one chain through all of them waited on 2·kAcc8 FMA latencies).
           __m256 f[kAcc8];
