@@ -186,6 +186,7 @@ TEST(CpuQuantize, AppendWritesTheScalarReferenceBytes) {
   check_append<K2V2_R>(5);
   check_append<K4V2_R.with_head_dim(64)>(6);
   check_append<K2V2_R.with_head_dim(256)>(7);
+  check_append<K4V2_HC.with_head_dim(256)>(8);  // centering and the FWHT in two parts
 }
 
 }  // namespace

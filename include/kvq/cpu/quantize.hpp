@@ -345,7 +345,7 @@ struct AppendSimd256 {
 #endif
 
 // The quantizer's vectors, and the FWHT's. The FWHT takes 256-bit vectors wherever AVX2
-// is there, AVX-512 included, up to d 128 (FwhtSimdFor): an in-vector stage costs two
+// is there, AVX-512 included (d 256 in two parts): an in-vector stage costs two
 // instructions per vector (a permute and an FMA), a stage between vectors one, so at
 // d 128 eight zmm do 4 in-vector and 3 across stages, 88 zmm instructions, and sixteen
 // ymm 3 and 4, 160 ymm instructions, which a Zen 4 issues as 80 zmm's worth: a K2V2_HC
@@ -389,53 +389,63 @@ KVQ_FORCE_INLINE void butterflies_across(typename V::F* v) {
   }
 }
 
-// The FWHT's vectors for rows of D: FwhtSimd while a row is at most 16 of them (the loops
-// above unroll fully up to KVQ_UNROLL's 16, so that v[] stays in registers), else the
-// quantizer's wider ones.
-template <int D>
-using FwhtSimdFor = std::conditional_t<(D / FwhtSimd::kLanes <= 16), FwhtSimd, AppendSimd>;
 #endif
 
 }  // namespace detail
 
-// dst = (src − mean)·D·H/√D in one pass in registers: the conversion from T, the
-// centering (when mean is not null) and the FWHT (when kHadamard) of kvq::center_rotate
-// and kvq::hadamard_forward, with their bits. A row goes to memory once, for the
-// quantizer, instead of once per step.  src: [D] of T;  mean: [D] or null;  dst: [D].
+// dst = (src − mean)·D·H/√D in registers: the conversion from T, the centering (when
+// mean is not null) and the FWHT (when kHadamard) of kvq::center_rotate and
+// kvq::hadamard_forward, with their bits. A row goes to memory once, for the quantizer,
+// instead of once per step. Rows of more than 16 vectors (d 256) go in parts of 16, the
+// most that stay in registers: the stages of strides below a part's length stay inside
+// it, and one pass over the parts does the last stage and 1/√D. (AVX2 took d 256's 32
+// vectors at once and spilled: K2V2_HC's append, Zen 4 at -march=haswell, 266 → 221 ns
+// per token·head, d 128 99; AVX-512 is as fast so as with 16 zmm.)  src: [D] of T;
+// mean: [D] or null;  dst: [D] (may be src).
 template <int D, bool kHadamard, ActivationType T>
 KVQ_FORCE_INLINE void center_hadamard_row_fast(const T* src, const float* mean, std::uint32_t sign_seed, float* dst) {
 #if KVQ_CPU_APPEND_SIMD
-  using V = detail::FwhtSimdFor<D>;
-  constexpr int L = V::kLanes;
-  if constexpr (D % L == 0 && (!kHadamard || (D & (D - 1)) == 0)) {
-    constexpr int NV = D / L;
-    typename V::F v[NV];
-    KVQ_UNROLL for (int k = 0; k < NV; ++k) {
-      const kvq::detail::FloatVec<L> x = kvq::detail::load_as_float<L>(src + L * k);
-      std::memcpy(&v[k], &x, sizeof x);
-      if (mean) v[k] = V::sub(v[k], V::load(mean + L * k));
-    }
-    if constexpr (kHadamard) {
-      if (sign_seed != 0) {
-        alignas(64) float signs[D];
+  using V = detail::FwhtSimd;
+  constexpr int L = V::kLanes, kPart = D < 16 * L ? D : 16 * L;
+  if constexpr (D % L == 0 && (!kHadamard || ((D & (D - 1)) == 0 && (D == kPart || D == 2 * kPart)))) {
+    constexpr int NV = kPart / L;
+    alignas(64) float signs[kHadamard ? D : 1];
+    if constexpr (kHadamard)
+      if (sign_seed != 0)
         for (int i = 0; i < D; ++i) signs[i] = hadamard_sign(sign_seed, i);
-        KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = V::mul(v[k], V::load(signs + L * k));
+    const typename V::F norm = V::set1(inv_sqrt_pow2(D));
+    for (int p0 = 0; p0 < D; p0 += kPart) {
+      typename V::F v[NV];
+      KVQ_UNROLL for (int k = 0; k < NV; ++k) {
+        const kvq::detail::FloatVec<L> x = kvq::detail::load_as_float<L>(src + p0 + L * k);
+        std::memcpy(&v[k], &x, sizeof x);
+        if (mean) v[k] = V::sub(v[k], V::load(mean + p0 + L * k));
       }
-      [&]<int... H>(std::integer_sequence<int, H...>) {  // strides 1, 2, … inside vectors
+      if constexpr (kHadamard) {
+        if (sign_seed != 0)
+          KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = V::mul(v[k], V::load(signs + p0 + L * k));
+        [&]<int... H>(std::integer_sequence<int, H...>) {  // strides 1, 2, … inside vectors
 #if KVQ_CPU_AVX512
-        (detail::butterflies_in_lanes<(1 << H), NV, V>(v), ...);  // stage by stage
+          (detail::butterflies_in_lanes<(1 << H), NV, V>(v), ...);  // stage by stage
 #else
-        // A vector at a time: AVX2's 16 registers cannot hold a d-128 row besides the
-        // signs, and whole stages spill more (K2V2_HC's append on a Zen 4 at
-        // -march=haswell: 104.4 ns per token·head stage by stage, 101.0 this way).
-        KVQ_UNROLL for (int k = 0; k < NV; ++k) (detail::butterflies_in_lanes<(1 << H), 1, V>(v + k), ...);
+          // A vector at a time: AVX2's 16 registers cannot hold a d-128 row besides the
+          // signs, and whole stages spill more (K2V2_HC's append on a Zen 4 at
+          // -march=haswell: 104.4 ns per token·head stage by stage, 101.0 this way).
+          KVQ_UNROLL for (int k = 0; k < NV; ++k) (detail::butterflies_in_lanes<(1 << H), 1, V>(v + k), ...);
 #endif
-      }(std::make_integer_sequence<int, std::countr_zero(unsigned(L))>{});
-      detail::butterflies_across<1, NV, V>(v);
-      const typename V::F norm = V::set1(inv_sqrt_pow2(D));
-      KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = V::mul(v[k], norm);
+        }(std::make_integer_sequence<int, std::countr_zero(unsigned(L))>{});
+        detail::butterflies_across<1, NV, V>(v);
+        if constexpr (kPart == D) KVQ_UNROLL for (int k = 0; k < NV; ++k) v[k] = V::mul(v[k], norm);
+      }
+      KVQ_UNROLL for (int k = 0; k < NV; ++k) V::store(dst + p0 + L * k, v[k]);
     }
-    KVQ_UNROLL for (int k = 0; k < NV; ++k) V::store(dst + L * k, v[k]);
+    if constexpr (kHadamard && kPart < D) {  // the stage of stride D/2, then 1/√D
+      KVQ_UNROLL for (int k = 0; k < NV; ++k) {
+        const typename V::F a = V::load(dst + L * k), b = V::load(dst + kPart + L * k);
+        V::store(dst + L * k, V::mul(V::add(a, b), norm));
+        V::store(dst + kPart + L * k, V::mul(V::sub(a, b), norm));
+      }
+    }
     return;
   }
 #endif
