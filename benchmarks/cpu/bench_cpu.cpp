@@ -256,18 +256,19 @@ void BM_ReadBandwidth(benchmark::State& state) {
 // range(1) > 0: the task-split append on that many OpenMP threads, one task each.
 template <kvq::Policy P>
 void BM_AppendQuantized(benchmark::State& state) {
+  constexpr int D = P.head_dim;  // 128 but for the shapes at the end
   const int tokens = int(state.range(0)), threads = int(state.range(1));
   Table t(tokens);
   const kvq::PageLayout<P> layout{kPage, kKvHeads};
   std::vector<std::byte> pool(layout.page_bytes() * t.pages());
-  const auto k = normal(std::size_t(tokens) * kKvHeads * kHeadDim, 1), v = normal(k.size(), 2);
+  const auto k = normal(std::size_t(tokens) * kKvHeads * D, 1), v = normal(k.size(), 2);
   std::vector<kvq::half_t> kh(k.size()), vh(v.size());
   for (std::size_t i = 0; i < k.size(); ++i) kh[i] = kvq::half_t(k[i]), vh[i] = kvq::half_t(v[i]);
   kvq::LayerParams params;
-  if (P.key.centered) params.key_mean.assign(kKvHeads * kHeadDim, 0.1f);
-  std::vector<float> identity(std::size_t(kKvHeads) * kHeadDim * kHeadDim, 0.f);
+  if (P.key.centered) params.key_mean.assign(kKvHeads * D, 0.1f);
+  std::vector<float> identity(std::size_t(kKvHeads) * D * D, 0.f);
   for (int h = 0; h < kKvHeads; ++h)
-    for (int i = 0; i < kHeadDim; ++i) identity[(std::size_t(h) * kHeadDim + i) * kHeadDim + i] = 1.f;
+    for (int i = 0; i < D; ++i) identity[(std::size_t(h) * D + i) * D + i] = 1.f;
   if (P.key.rotation == kvq::Rotation::dense) params.key_rotation = identity;  // costs a full d×d product
   if (P.value.rotation == kvq::Rotation::dense) params.value_rotation = identity;
   std::vector<std::int32_t> bi(tokens, 0), pos(tokens);
@@ -398,6 +399,8 @@ BENCHMARK(BM_AppendQuantized<kvq::presets::K2V2_R>)->Args({4096, 0})->Unit(bench
 BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_HC.with_clip(960, 920)>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_HC>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);  // values clipped
 BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2_HC.with_clip(1000, 1000)>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);  // K4V2_HC until 2026-12-05
+BENCHMARK(BM_AppendQuantized<kvq::presets::K2V2_HC.with_head_dim(64)>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AppendQuantized<kvq::presets::K2V2_HC.with_head_dim(256)>)->Args({4096, 0})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Fwht<64>)->Arg(0)->Arg(1);
 BENCHMARK(BM_Fwht<128>)->Arg(0)->Arg(1);
 BENCHMARK(BM_Fwht<256>)->Arg(0)->Arg(1);
