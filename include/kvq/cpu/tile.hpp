@@ -168,10 +168,10 @@ KVQ_FORCE_INLINE float max_lanes(FloatVec<W> v) {
 }
 
 #if KVQ_GNU_HOST
-// out[m] = sum_lanes<8>(x[m]) for m < 8 (the same additions in the same order), as one
-// transpose-and-add tree: 21 instructions instead of 8·6. (Results go through memory:
+// lane m of sums = sum_lanes<8>(x[m]) for m < 8 (the same additions in the same order),
+// as one transpose-and-add tree: 21 instructions instead of 8·6. (Results by reference:
 // returning a 32-byte vector would change the ABI in translation units without AVX.)
-KVQ_FORCE_INLINE void sum_lanes_8x8(const FloatVec<8>* x, float* out) {
+KVQ_FORCE_INLINE void sum_lanes_8x8(const FloatVec<8>* x, FloatVec<8>& sums) {
   FloatVec<8> t[4], u[2];
   KVQ_UNROLL for (int i = 0; i < 4; ++i)  // l + l+4: [x[i] | x[i+4]]
     t[i] = __builtin_shufflevector(x[i], x[i + 4], 0, 1, 2, 3, 8, 9, 10, 11) +
@@ -179,8 +179,12 @@ KVQ_FORCE_INLINE void sum_lanes_8x8(const FloatVec<8>* x, float* out) {
   KVQ_UNROLL for (int i = 0; i < 2; ++i)  // l + l+2: pairs of x[i], x[i+2], x[i+4], x[i+6]
     u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13) +
            __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
-  const FloatVec<8> sums = __builtin_shufflevector(u[0], u[1], 0, 8, 2, 10, 4, 12, 6, 14) +  // l + l+1
-                           __builtin_shufflevector(u[0], u[1], 1, 9, 3, 11, 5, 13, 7, 15);
+  sums = __builtin_shufflevector(u[0], u[1], 0, 8, 2, 10, 4, 12, 6, 14) +  // l + l+1
+         __builtin_shufflevector(u[0], u[1], 1, 9, 3, 11, 5, 13, 7, 15);
+}
+KVQ_FORCE_INLINE void sum_lanes_8x8(const FloatVec<8>* x, float* out) {
+  FloatVec<8> sums;
+  sum_lanes_8x8(x, sums);
   std::memcpy(out, &sums, sizeof sums);
 }
 #endif
