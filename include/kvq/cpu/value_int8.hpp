@@ -316,9 +316,10 @@ struct Int8ValueBlock {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(&w8[r][g][8 * i0]),
                           _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     }
-    std::int32_t sum = 0;
-    for (int k = 0; k < 8; ++k) sum += total[k];
-    w8_sum[r][g] = sum;
+    // The lanes' sum in registers (exact in any order).
+    __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(__m256i(total)), _mm256_extracti128_si256(__m256i(total), 1));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4E));
+    w8_sum[r][g] = _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xB1)));
     return negative == 0 && b - b == 0.f;
   }
 #endif
