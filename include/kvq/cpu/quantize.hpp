@@ -85,8 +85,9 @@ namespace detail {
 //                    float_to_half_bits(·, saturate) for non-NaN lanes, stored as one
 //                    32-bit {scale, lo} pair per group; the stored lo and 1/s (0 where s
 //                    is stored as 0); returns the lanes whose scale or lo saturated
-//   codes<kClamp>    ⌊(x − lo)·inv + 0.5⌋ in int32, first clamped to levels in float when
-//                    kClamp; NaN and overflow become INT_MIN
+//   codes<kClamp>    ⌊(x − lo)·inv + 0.5⌋ in int32 where that is ≥ 0, first clamped to
+//                    levels in float when kClamp; some value ≤ 0 where it is negative;
+//                    NaN and overflow become INT_MIN
 //   pack<Bits>       4·kLanes codes (c[k] lane i = element kLanes·k + i) → bytes by
 //                    saturating packs (negatives and INT_MIN → 0), min(levels, ·), then
 //                    little-endian within a byte
@@ -317,7 +318,7 @@ struct AppendSimd256 {
   static KVQ_FORCE_INLINE I codes(F x, F lo, F inv, F top) {
     F t = add(mul(sub(x, lo), inv), set1(0.5f));
     if constexpr (kClamp) t = min(top, t);
-    return _mm256_cvttps_epi32(_mm256_floor_ps(t));
+    return _mm256_cvttps_epi32(t);  // truncation is ⌊t⌋ for t ≥ 0; pack makes t < 0 a 0 either way
   }
 
   template <int Bits>
