@@ -197,6 +197,7 @@ struct Int8Query {
       group_sum[r][lane] = sum_share[g];
       residual[r][lane] = res_share[g];
     }
+    set_epilogue_factors(r);
     if constexpr (kTransposed) {
       for (int g = 0; g < kGroups; ++g) {
         sum_share[g] = sum[g] / float(kTransposedLanes[g]);
@@ -285,13 +286,83 @@ struct Int8Query {
     }
   }
 
+  // The AVX2 block path's shapes (score_block_avx2), and its per-row constants: plain C++,
+  // so that the layout is the same in every build.
+  static constexpr int kAcc8 = kAccLanes / 8;  // 8-lane accumulators of the block path
+  // Its int16 pre-sums: when lanes L and L + 8 carry the same group (32-byte or 16-byte slabs: 2-bit keys at
+  // d ≤ 128, 4-bit at d 64), all chunks go into one int16 sum and the fp32 factors are
+  // applied to 8 lanes instead of 16 (a summation order only); where those 8 lanes hold
+  // one group per half or per lane pair, the epilogues below apply them per group.
+  static constexpr bool kFold8 = [] {
+    if (kAccLanes != 16) return false;
+    for (int lane = 0; lane < 8; ++lane)
+      if (kLaneGroup[lane] != kLaneGroup[lane + 8]) return false;
+    return true;
+  }();
+  // Otherwise, where each 128-bit half of the accumulators is one group (groups of ≥ 16
+  // bytes: 4-bit keys at d 128 and 256), the four lanes of a half are added in int32
+  // first, over 8 tokens at once (two vphaddd levels), so that the fp32 factors take one
+  // lane per (token, group): 2·kAcc8 vectors per row and 8 tokens instead of kAcc8 per
+  // row and token.
+  // Folded (kFold8) sums take this path too where each half of their 8 lanes is one group
+  // (4-bit keys at d 64).
+  static constexpr int kHalfVectors = kFold8 ? 1 : kAcc8;  // int32 sum vectors per token and row
+  static constexpr bool kHalfGroups = [] {
+    for (int lane = 0; lane < 8 * kHalfVectors; ++lane)
+      if (kLaneGroup[lane] != kLaneGroup[lane / 4 * 4]) return false;
+    return true;
+  }();
+  // Folded sums whose lane pairs (2p, 2p + 1) carry one group each (8-byte groups: 2-bit
+  // keys at d 64 and 128): one vphaddd of two tokens' sums leaves one (token, pair) per
+  // lane, and the fp32 factors take 4 vectors per row and 8 tokens instead of 8.
+  static constexpr bool kPairGroups = [] {
+    if (!kFold8 || kHalfGroups || 2 * kGroups > 8) return false;
+    for (int lane = 0; lane < 8; ++lane)
+      if (kLaneGroup[lane] != kLaneGroup[lane / 2 * 2]) return false;
+    return true;
+  }();
+  // Per row, the factors of the half-group and pair-group epilogues, derived from sigma,
+  // residual and group_sum by set_row (the same sums; computed in each score_block call
+  // they were 10% of the AVX2 d-256 K4V2 decode, whose blocks are scored in 4 calls).
+  static constexpr int kHalves = kHalfGroups ? 2 * kHalfVectors : 1, kPairLanes = kPairGroups ? 8 : 1;
+  float half_sigma[kMaxRowsPerPass][kHalves], half_residual[kMaxRowsPerPass][kHalves],
+      half_sum[kMaxRowsPerPass][kHalves];
+  alignas(32) float pair_sigma[kMaxRowsPerPass][kPairLanes], pair_residual[kMaxRowsPerPass][kPairLanes],
+      pair_sum[kMaxRowsPerPass][kPairLanes];
+  void set_epilogue_factors(int r) {
+    if constexpr (kHalfGroups) {
+      // Half h (lanes 4h .. 4h+3: chunks z ≡ h / 2 (mod kHalfVectors), 128-bit half h % 2)
+      // carries group kLaneGroup[4h]; its σ is the group's, its μR and Σq' the sums of
+      // its four lanes' (folded: of its eight, lanes 4h + i and 4h + 8 + i).
+      auto four = [](const float* x) { return (x[0] + x[1]) + (x[2] + x[3]); };
+      for (int h = 0; h < kHalves; ++h) {
+        half_sigma[r][h] = sigma[r][4 * h];
+        half_residual[r][h] = four(residual[r] + 4 * h);
+        half_sum[r][h] = four(group_sum[r] + 4 * h);
+        if constexpr (kFold8) {
+          half_residual[r][h] += four(residual[r] + 4 * h + 8);
+          half_sum[r][h] += four(group_sum[r] + 4 * h + 8);
+        }
+      }
+    }
+    if constexpr (kPairGroups) {
+      // Lane k of the pair epilogue carries pair p = 2·(k / 4) + k % 2: σ of the pair's
+      // group, μR and Σq' of its two lanes and their folded partners (lanes + 8).
+      for (int k = 0; k < 8; ++k) {
+        const int p = 2 * (k / 4) + k % 2;
+        pair_sigma[r][k] = sigma[r][2 * p];
+        pair_residual[r][k] = (residual[r][2 * p] + residual[r][2 * p + 1]) + (residual[r][2 * p + 8] + residual[r][2 * p + 9]);
+        pair_sum[r][k] = (group_sum[r][2 * p] + group_sum[r][2 * p + 1]) + (group_sum[r][2 * p + 8] + group_sum[r][2 * p + 9]);
+      }
+    }
+  }
+
 #if KVQ_CPU_AVX2 && KVQ_CPU_F16C
   // The AVX2 block path: codes ≤ 4 bits (vpmaddubsw's int16 pairs cannot overflow),
   // 16 or 32 accumulator lanes, and at most 16 metadata values per token (vpermps spread
   // them over the lanes), so every int8-scored preset shape at d 64–256. Other shapes
   // take score() token by token.
   static constexpr bool kAvx2Block = Bits <= 4 && (kAccLanes == 16 || kAccLanes == 32) && 2 * kGroups <= 16;
-  static constexpr int kAcc8 = kAccLanes / 8;  // 8-lane accumulators of the block path
 
   // Chunk z (32 bytes) of the slab-ordered codes, unpacked in registers.
   static KVQ_FORCE_INLINE __m256i code_chunk_avx2(const std::uint8_t* codes, int z) {
@@ -348,39 +419,9 @@ struct Int8Query {
   // score_block on AVX2: per token the codes are unpacked once, each row's lane sums
   // come from vpmaddubsw, added in int16 across the chunks that share lanes (|pair| ≤
   // 2·127·(2^b − 1), so up to four chunks cannot overflow) before one vpmaddwd, and the
-  // 8-lane factors of 8 tokens are reduced together by one transpose (sum_lanes_8x8).
-  // When lanes L and L + 8 carry the same group (32-byte or 16-byte slabs: 2-bit keys at
-  // d ≤ 128, 4-bit at d 64), all chunks go into one int16 sum and the fp32 factors are
-  // applied to 8 lanes instead of 16 (a summation order only); where those 8 lanes hold
-  // one group per half or per lane pair, the epilogues below apply them per group.
-  static constexpr bool kFold8 = [] {
-    if (kAccLanes != 16) return false;
-    for (int lane = 0; lane < 8; ++lane)
-      if (kLaneGroup[lane] != kLaneGroup[lane + 8]) return false;
-    return true;
-  }();
-  // Otherwise, where each 128-bit half of the accumulators is one group (groups of ≥ 16
-  // bytes: 4-bit keys at d 128 and 256), the four lanes of a half are added in int32
-  // first, over 8 tokens at once (two vphaddd levels), so that the fp32 factors take one
-  // lane per (token, group): 2·kAcc8 vectors per row and 8 tokens instead of kAcc8 per
-  // row and token.
-  // Folded (kFold8) sums take this path too where each half of their 8 lanes is one group
-  // (4-bit keys at d 64).
-  static constexpr int kHalfVectors = kFold8 ? 1 : kAcc8;  // int32 sum vectors per token and row
-  static constexpr bool kHalfGroups = [] {
-    for (int lane = 0; lane < 8 * kHalfVectors; ++lane)
-      if (kLaneGroup[lane] != kLaneGroup[lane / 4 * 4]) return false;
-    return true;
-  }();
-  // Folded sums whose lane pairs (2p, 2p + 1) carry one group each (8-byte groups: 2-bit
-  // keys at d 64 and 128): one vphaddd of two tokens' sums leaves one (token, pair) per
-  // lane, and the fp32 factors take 4 vectors per row and 8 tokens instead of 8.
-  static constexpr bool kPairGroups = [] {
-    if (!kFold8 || kHalfGroups || 2 * kGroups > 8) return false;
-    for (int lane = 0; lane < 8; ++lane)
-      if (kLaneGroup[lane] != kLaneGroup[lane / 2 * 2]) return false;
-    return true;
-  }();
+  // 8-lane factors of 8 tokens are reduced together by one transpose (sum_lanes_8x8);
+  // kFold8, kHalfGroups and kPairGroups (above) choose its epilogue.
+
   // dst[0 .. m) = lanes 0 .. m of v (m ≤ 8), stored from the register: a store of v to a
   // buffer and an m-float copy out of it stalled on store forwarding, its 8-byte loads
   // waiting on the 32-byte store (16% of the AVX2 d-64 K4V2 decode's samples, Zen 4).
@@ -411,22 +452,8 @@ struct Int8Query {
     static_assert((kFold8 ? kChunks : kChunks / kAcc8) * kPairMax <= 32767, "kvq: int16 pre-sums would overflow");
     constexpr bool kTwoHalves = 2 * kGroups > 8;  // metadata values 8 .. 15 in a second vector
     if constexpr (kHalfGroups) {
-      // Half h (lanes 4h .. 4h+3: chunks z ≡ h / 2 (mod kHalfVectors), 128-bit half h % 2)
-      // carries group kLaneGroup[4h]; its σ is the group's, its μR and Σq' the sums of
-      // its four lanes' (folded: of its eight, lanes 4h + i and 4h + 8 + i).
-      constexpr int kVecs = kHalfVectors, kHalves = 2 * kVecs;
-      float half_sigma[kMaxRowsPerPass][kHalves], half_residual[kMaxRowsPerPass][kHalves], half_sum[kMaxRowsPerPass][kHalves];
-      auto four = [](const float* x) { return (x[0] + x[1]) + (x[2] + x[3]); };
-      for (int r = 0; r < rows; ++r)
-        for (int h = 0; h < kHalves; ++h) {
-          half_sigma[r][h] = sigma[r][4 * h];
-          half_residual[r][h] = four(residual[r] + 4 * h);
-          half_sum[r][h] = four(group_sum[r] + 4 * h);
-          if constexpr (kFold8) {
-            half_residual[r][h] += four(residual[r] + 4 * h + 8);
-            half_sum[r][h] += four(group_sum[r] + 4 * h + 8);
-          }
-        }
+      // Half h (lanes 4h .. 4h+3) carries group kLaneGroup[4h], with factors half_*[r][h].
+      constexpr int kVecs = kHalfVectors;
       alignas(32) __m256i sums[kMaxRowsPerPass][8][kVecs];  // [row][token of the 8][sum vector]
       for (int j0 = 0; j0 < n; j0 += 8) {
         const int m = n - j0 < 8 ? n - j0 : 8;
@@ -490,22 +517,13 @@ struct Int8Query {
     }
     if constexpr (kPairGroups) {
       // vphaddd(sums of tokens a, b) holds in 128-bit half h the lane pairs 2h, 2h + 1 of
-      // a, then of b: lane k carries pair p = 2·(k / 4) + k % 2 of token a + (k % 4) / 2.
-      // Its constants, per row: σ of the pair's group, μR and Σq' of its two lanes and
-      // their folded partners (lanes + 8).
+      // a, then of b: lane k carries pair p = 2·(k / 4) + k % 2 of token a + (k % 4) / 2,
+      // with factors pair_*[r][k].
       static_assert([] {  // pair p's group is the one whose {scale, lo} the shuffles below pick
         for (int p = 0; p < 4; ++p)
           if (kLaneGroup[2 * p] != (2 * kGroups == 8 ? p : p % 2)) return false;
         return true;
       }());
-      alignas(32) float pair_sigma[kMaxRowsPerPass][8], pair_residual[kMaxRowsPerPass][8], pair_sum[kMaxRowsPerPass][8];
-      for (int r = 0; r < rows; ++r)
-        for (int k = 0; k < 8; ++k) {
-          const int p = 2 * (k / 4) + k % 2;
-          pair_sigma[r][k] = sigma[r][2 * p];
-          pair_residual[r][k] = (residual[r][2 * p] + residual[r][2 * p + 1]) + (residual[r][2 * p + 8] + residual[r][2 * p + 9]);
-          pair_sum[r][k] = (group_sum[r][2 * p] + group_sum[r][2 * p + 1]) + (group_sum[r][2 * p + 8] + group_sum[r][2 * p + 9]);
-        }
       alignas(32) __m256i sums[kMaxRowsPerPass][8];  // [row][token of the 8]
       for (int j0 = 0; j0 < n; j0 += 8) {
         const int m = n - j0 < 8 ? n - j0 : 8;
