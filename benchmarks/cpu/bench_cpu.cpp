@@ -256,7 +256,7 @@ void BM_ReadBandwidth(benchmark::State& state) {
 // range(1) > 0: the task-split append on that many OpenMP threads, one task each.
 template <kvq::Policy P>
 void BM_AppendQuantized(benchmark::State& state) {
-  constexpr int D = P.head_dim;  // 128 but for the shapes at the end
+  constexpr int D = P.head_dim;  // 128, except for the d-64 and d-256 appends at the end
   const int tokens = int(state.range(0)), threads = int(state.range(1));
   Table t(tokens);
   const kvq::PageLayout<P> layout{kPage, kKvHeads};

@@ -76,7 +76,8 @@ namespace detail {
 // 16 rows fill the 16 lanes of the quantizer's range transpose even for one group per
 // row (value group = head_dim); the rows take 2·16·D floats of stack. At d 256, 8 rows
 // (the presets' 128-wide value groups still fill 16 lanes) keep them at 16 KiB, half of
-// L1: K2V2_HC's append on a Zen 4 went 195 → 179 ns per token·head.
+// L1: K2V2_HC's append on a Zen 4 (AVX-512, the FWHT in two parts) went 197 → 180 ns per
+// token·head.
 template <Policy P, ActivationType T, class Owns>
 void append_items(const PagedCacheView<P>& cache, const PageTableView& table, const T* keys, const T* values,
                   int num_tokens, const std::int32_t* batch_indices, const std::int32_t* positions,

@@ -289,7 +289,7 @@ struct Int8Query {
   // The AVX2 block path's shapes (score_block_avx2), and its per-row constants: plain C++,
   // so that the layout is the same in every build.
   static constexpr int kAcc8 = kAccLanes / 8;  // 8-lane accumulators of the block path
-  // Its int16 pre-sums: when lanes L and L + 8 carry the same group (32-byte or 16-byte slabs: 2-bit keys at
+  // When lanes L and L + 8 carry the same group (32-byte or 16-byte slabs: 2-bit keys at
   // d ≤ 128, 4-bit at d 64), all chunks go into one int16 sum and the fp32 factors are
   // applied to 8 lanes instead of 16 (a summation order only); where those 8 lanes hold
   // one group per half or per lane pair, the epilogues below apply them per group.
