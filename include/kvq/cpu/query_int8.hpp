@@ -800,8 +800,9 @@ struct Int8Query {
         // The quad's metadata in place when its tokens are consecutive slots of one page
         // (the usual case), else gathered.
         const meta_storage_t<M>* first = meta[j0 + q * kQuadTokens];
-        bool in_place = q * kQuadTokens + kQuadTokens <= count;
-        for (int t = 1; t < kQuadTokens && in_place; ++t) in_place = meta[j0 + q * kQuadTokens + t] == first + t * kMetaPerToken;
+        const bool in_place = q * kQuadTokens + kQuadTokens <= count &&
+                              runs_are_strided<kQuadTokens>(meta + j0 + q * kQuadTokens, kQuadTokens,
+                                                            kMetaPerToken * sizeof(meta_storage_t<M>));
         const std::uint16_t* quad_meta = reinterpret_cast<const std::uint16_t*>(first);
         if (!in_place) {
           for (int t = 0; t < kQuadTokens; ++t) {

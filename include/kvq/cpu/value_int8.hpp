@@ -412,11 +412,7 @@ struct Int8ValueBlock {
     // Rows over 32 bytes always take the gathered form (no contiguous one is written
     // for them, nor instantiated).
     if constexpr (kRowBytes <= 32) {
-      bool quads_contiguous = n % 4 == 0;
-      for (int j = 0; j < n && quads_contiguous; j += 4)
-        quads_contiguous = codes[j + 1] == codes[j] + kRowBytes && codes[j + 2] == codes[j] + 2 * kRowBytes &&
-                           codes[j + 3] == codes[j] + 3 * kRowBytes;
-      if (quads_contiguous) {
+      if (n % 4 == 0 && runs_are_strided<4>(codes, n, kRowBytes)) {
         accumulate_vnni_quads<RB, true>(codes, n, r0, out);
         return;
       }
