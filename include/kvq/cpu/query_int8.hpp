@@ -250,10 +250,10 @@ struct Int8Query {
 
   // s[r][first + j] for r < rows, j < n ≤ kTokensPerBlock − first: a block of tokens
   // whose packed rows and stored metadata (2·kGroups values of M) are codes[j] and
-  // meta[j]. With AVX-512
-  // VNNI the metadata is widened in registers and each row's 16-lane sums of 16 tokens
-  // are reduced together by one transpose (reduce_16x16) instead of 16 horizontal sums;
-  // AVX2 does the same 8 tokens at a time where kAvx2Block holds.
+  // meta[j]. With AVX-512 VNNI the metadata is widened in registers and each row's
+  // 16-lane sums of 16 tokens are reduced together by one transpose (reduce_16x16)
+  // instead of 16 horizontal sums; AVX2 does the same 8 tokens at a time where
+  // kAvx2Block holds.
   template <MetaType M>
   void score_block(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta, int rows,
                    float (*s)[kTokensPerBlock], int first = 0) const {
@@ -799,19 +799,15 @@ struct Int8Query {
         __m512 s_vec[kAccClasses], lo_vec[kAccClasses];
         // The quad's metadata in place when its tokens are consecutive slots of one page
         // (the usual case), else gathered.
-        const meta_storage_t<M>* first = meta[j0 + q * kQuadTokens];
+        const meta_storage_t<M>* const* quad = meta + j0 + q * kQuadTokens;
         const bool in_place = q * kQuadTokens + kQuadTokens <= count &&
-                              runs_are_strided<kQuadTokens>(meta + j0 + q * kQuadTokens, kQuadTokens,
-                                                            kMetaPerToken * sizeof(meta_storage_t<M>));
-        const std::uint16_t* quad_meta = reinterpret_cast<const std::uint16_t*>(first);
-        if (!in_place) {
+                              runs_are_strided<kQuadTokens>(quad, kQuadTokens, kMetaPerToken * sizeof(meta_storage_t<M>));
+        const std::uint16_t* quad_meta = in_place ? reinterpret_cast<const std::uint16_t*>(quad[0]) : quad_copy;
+        if (!in_place)
           for (int t = 0; t < kQuadTokens; ++t) {
-            const int j = q * kQuadTokens + t;
-            if (j < count) std::memcpy(quad_copy + t * kMetaPerToken, meta[j0 + j], kMetaPerToken * sizeof(std::uint16_t));
+            if (q * kQuadTokens + t < count) std::memcpy(quad_copy + t * kMetaPerToken, quad[t], kMetaPerToken * sizeof(std::uint16_t));
             else std::memset(quad_copy + t * kMetaPerToken, 0, kMetaPerToken * sizeof(std::uint16_t));
           }
-          quad_meta = quad_copy;
-        }
         // Masked loads: nothing past the quad's kQuadMeta values is read.
         constexpr __mmask32 kLowMask = kQuadMeta >= 32 ? ~__mmask32(0) : __mmask32((1u << kQuadMeta) - 1u);
         constexpr __mmask32 kHighMask = kQuadMeta >= 64 ? ~__mmask32(0) : kQuadMeta > 32 ? __mmask32((1u << (kQuadMeta - 32)) - 1u) : 0;
