@@ -96,7 +96,7 @@ void check_block_against_generic(std::uint32_t seed, bool scattered = false) {
     code_rows[j] = codes.data() + row * D * Bits / 8;
     meta_rows[j] = meta.data() + row * 2 * NK;
   }
-  for (int rows : {1, 4, 7, kRows})
+  for (int rows : {1, 2, 3, 4, 7, kRows})  // 1, 2, 4: rows in registers (AVX-512 VNNI)
     for (int n : {kBlock, 17, 16, 5, 1}) {
       alignas(64) float s[kRows][kBlock];
       for (auto& row : s)

@@ -119,6 +119,15 @@ struct Int8Query {
   static constexpr bool kTransposed = kSlabBytes >= 16 && kGroupBytes % 8 == 0 && kParts * kSlabs <= 4 &&
                                       4 * kTokensPerRow * 2 * kGroups <= 64;
   static constexpr int kTRows = kTransposed ? kMaxRowsPerPass : 1;
+  // Rows score_block_transposed keeps in registers: as many as fit the 32 vector
+  // registers beside a quad's transposed codes (kParts·4), its metadata, and each row's
+  // accumulators and pending lane sums (4 at d 64 and 128, 2 at d 256).
+  static constexpr int kRowBlock = [] {
+    constexpr int codes = kParts * 4, meta = 2 * kAccClasses, lanes = kTokensPerRow == 1 ? 2 : 1;
+    for (int rb = 4; rb > 1; rb /= 2)
+      if (codes + meta + rb * (2 * kAccClasses + lanes) + 1 <= 30) return rb;
+    return 1;
+  }();
   // Group of lane c in part p and accumulator class a: dword m of a part holds bytes
   // 64·p + 16·(c mod kRowLanes) + 4m .. + 3, and with groups under 16 bytes class a
   // gathers the dwords m of group offset a.
@@ -735,12 +744,115 @@ struct Int8Query {
     }
   }
 
-  // score_block in the transposed layout (see kTransposed), 16 tokens per step.
+  // score_block in the transposed layout (see kTransposed), 16 tokens per step. 1, 2 or
+  // kRowBlock rows are scored with everything in registers: the rows' accumulators, and
+  // each token's lanes added as the quads come. Other row counts unpack each quad once
+  // and score it row by row, the lane sums going through memory. (Over the runtime row
+  // count, 4 rows took 17.0 cycles per token against 14.3 in registers: K4V2, d 128,
+  // 64-token blocks from L2, Zen 4. Unpacking each quad again for every 4 rows lost as
+  // much at 8 rows: the unpacking and the metadata are ~5 cycles per token.)
   template <MetaType M>
   KVQ_FORCE_INLINE void score_block_transposed(int n, const std::uint8_t* const* codes,
                                                const meta_storage_t<M>* const* meta, int rows,
                                                float (*s)[kTokensPerBlock], int first) const {
-    constexpr int kQuads = 4 / kTokensPerRow, kMetaPerToken = 2 * kGroups;
+    for (int j0 = 0; j0 < n; j0 += 16) {
+      const int count = n - j0 < 16 ? n - j0 : 16;
+      if (rows == 1) {
+        score_step_registers<M, 1>(count, codes + j0, meta + j0, s, first + j0);
+      } else if (rows == 2) {
+        score_step_registers<M, 2>(count, codes + j0, meta + j0, s, first + j0);
+      } else if (rows == 4 && kRowBlock == 4) {
+        score_step_registers<M, kRowBlock>(count, codes + j0, meta + j0, s, first + j0);
+      } else {
+        score_step_memory<M>(count, codes + j0, meta + j0, rows, s, first + j0);
+      }
+    }
+  }
+
+  static constexpr int kQuads = 4 / kTokensPerRow;  // quads per 16 tokens
+
+  // Lane (c, t) of quad q is token 4q + t (64-byte parts), 8q + 4·(c/2) + t (32-byte
+  // rows) or 4c + t (16-byte rows): adding each token's lanes leaves the tokens in order.
+  static KVQ_FORCE_INLINE __m512 lane_pairs(__m512 a, __m512 b) {  // [a0+a1, a2+a3, b0+b1, b2+b3] over 128-bit lanes
+    return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0x88), _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0xDD));
+  }
+  static KVQ_FORCE_INLINE __m512 lane_halves(__m512 a, __m512 b) {  // [a0+a2, a1+a3, b0+b2, b1+b3]
+    return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0x44), _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0xEE));
+  }
+
+  // Rows 0 .. RB of one step (count ≤ 16 tokens), all in registers: quad 0 or 2's lanes
+  // wait in `pending`, the halves of quads 0–1 in `folded`, so at most two vectors per row
+  // are live across quads.
+  template <MetaType M, int RB>
+  KVQ_FORCE_INLINE void score_step_registers(int count, const std::uint8_t* const* codes,
+                                             const meta_storage_t<M>* const* meta, float (*s)[kTokensPerBlock],
+                                             int first) const {
+    __m512 pending[RB], folded[RB], y[RB];
+    KVQ_UNROLL for (int q = 0; q < kQuads; ++q) {
+      __m512i u[kParts][4];
+      __m512 s_vec[kAccClasses], lo_vec[kAccClasses];
+      load_quad<M>(count, codes, meta, q, u, s_vec, lo_vec);
+      __m512 total[RB];
+      score_quad_rows<RB>([&](int p, int m, int k) { return code_field<Bits>(u[p][m], k); }, s_vec, lo_vec, 0, total);
+      KVQ_UNROLL for (int i = 0; i < RB; ++i) {
+        if constexpr (kQuads == 1) {
+          y[i] = total[i];
+        } else if (q % 2 == 0) {
+          pending[i] = total[i];
+        } else if constexpr (kQuads == 2) {
+          y[i] = lane_pairs(pending[i], total[i]);
+        } else if (q == 1) {
+          folded[i] = lane_halves(pending[i], total[i]);
+        } else {
+          y[i] = lane_pairs(folded[i], lane_halves(pending[i], total[i]));
+        }
+      }
+    }
+    const __mmask16 store = __mmask16((1u << count) - 1u);
+    KVQ_UNROLL for (int i = 0; i < RB; ++i) _mm512_mask_storeu_ps(&s[i][first], store, y[i]);
+  }
+
+  // Any number of rows in one step: each quad is unpacked once, all its slabs, and
+  // scored row by row; the lanes wait in memory until the step's quads are done.
+  template <MetaType M>
+  KVQ_FORCE_INLINE void score_step_memory(int count, const std::uint8_t* const* codes,
+                                          const meta_storage_t<M>* const* meta, int rows, float (*s)[kTokensPerBlock],
+                                          int first) const {
+    alignas(64) __m512 partial[kQuads][kMaxRowsPerPass];
+    KVQ_UNROLL for (int q = 0; q < kQuads; ++q) {
+      __m512i u[kParts][4];
+      __m512 s_vec[kAccClasses], lo_vec[kAccClasses];
+      load_quad<M>(count, codes, meta, q, u, s_vec, lo_vec);
+      __m512i c[kParts][4][kSlabs];  // every slab, once for all rows
+      KVQ_UNROLL for (int p = 0; p < kParts; ++p)
+        KVQ_UNROLL for (int m = 0; m < 4; ++m)
+          KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) c[p][m][k] = code_field<Bits>(u[p][m], k);
+      for (int r = 0; r < rows; ++r)
+        score_quad_rows<1>([&](int p, int m, int k) { return c[p][m][k]; }, s_vec, lo_vec, r, partial[q] + r);
+    }
+    const __mmask16 store = __mmask16((1u << count) - 1u);
+    for (int r = 0; r < rows; ++r) {
+      __m512 y;
+      if constexpr (kQuads == 4) {
+        y = lane_pairs(lane_halves(partial[0][r], partial[1][r]), lane_halves(partial[2][r], partial[3][r]));
+      } else if constexpr (kQuads == 2) {
+        y = lane_pairs(partial[0][r], partial[1][r]);
+      } else {
+        y = partial[0][r];
+      }
+      _mm512_mask_storeu_ps(&s[r][first], store, y);
+    }
+  }
+
+  // Quad q of a step of count ≤ 16 tokens (codes[j], meta[j] for j < count): its codes
+  // transposed, u[p][m] = dword m of part p in every lane (its slabs are taken out just
+  // before their products, so that they are not all live at once), and the scale and lo
+  // of each lane's (token, group) widened to fp32.
+  template <MetaType M>
+  KVQ_FORCE_INLINE void load_quad(int count, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta,
+                                  int q, __m512i (&u)[kParts][4], __m512 (&s_vec)[kAccClasses],
+                                  __m512 (&lo_vec)[kAccClasses]) const {
+    constexpr int kMetaPerToken = 2 * kGroups;
     constexpr int kQuadMeta = 4 * kTokensPerRow * kMetaPerToken;  // ≤ 64 16-bit values
     alignas(64) static constexpr std::uint8_t kZeroRow[kSlabBytes] = {};
     // vpermw indices: lane (c, t) of accumulator class A = (part p, class a) ← the scale
@@ -757,121 +869,98 @@ struct Int8Query {
       return idx;
     }();
     constexpr int kQuadTokens = 4 * kTokensPerRow;
-    alignas(64) std::uint16_t quad_copy[64];  // a quad's metadata gathered, zero past n
-    alignas(64) __m512 partial[kMaxRowsPerPass][kQuads];
-    for (int j0 = 0; j0 < n; j0 += 16) {
-      const int count = n - j0 < 16 ? n - j0 : 16;
-      auto row = [&](int j) { return j < count ? codes[j0 + j] : kZeroRow; };
-      KVQ_UNROLL for (int q = 0; q < kQuads; ++q) {
-        // The codes of each part, unpacked: c[p][m][k] = slab k of dword m of every lane.
-        __m512i c[kParts][4][kSlabs];
-        KVQ_UNROLL for (int p = 0; p < kParts; ++p) {
-          // Part p of the quad's tokens: one token per register (64-byte parts), two
-          // (32-byte rows: 256-bit halves) or four (16-byte rows: 128-bit lanes).
-          __m512i x[4];
-          KVQ_UNROLL for (int t = 0; t < 4; ++t) {
-            if constexpr (kPartBytes == 64) {
-              x[t] = _mm512_loadu_si512(row(4 * q + t) + 64 * p);
-            } else if constexpr (kPartBytes == 32) {
-              const __m512i zero = _mm512_setzero_si512();
-              const __m512i low = _mm512_mask_inserti64x4(zero, 0xFF, zero, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(8 * q + t))), 0);
-              x[t] = _mm512_mask_inserti64x4(low, 0xFF, low, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(8 * q + 4 + t))), 1);
-            } else {
-              static_assert(kPartBytes == 16);
-              auto lane = [&](int cl) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(4 * cl + t))); };
-              const __m512i zero = _mm512_setzero_si512();  // the insert positions must be immediates
-              __m512i v = _mm512_mask_inserti32x4(zero, 0xFFFF, zero, lane(0), 0);
-              v = _mm512_mask_inserti32x4(v, 0xFFFF, v, lane(1), 1);
-              v = _mm512_mask_inserti32x4(v, 0xFFFF, v, lane(2), 2);
-              x[t] = _mm512_mask_inserti32x4(v, 0xFFFF, v, lane(3), 3);
-            }
-          }
-          // Two stages of a 4×4 dword transpose in each 128-bit lane: u[m] = dword m of x[0..3].
-          const __m512i t0 = _mm512_maskz_unpacklo_epi32(0xFFFF, x[0], x[1]), t1 = _mm512_maskz_unpackhi_epi32(0xFFFF, x[0], x[1]);
-          const __m512i t2 = _mm512_maskz_unpacklo_epi32(0xFFFF, x[2], x[3]), t3 = _mm512_maskz_unpackhi_epi32(0xFFFF, x[2], x[3]);
-          const __m512i u[4] = {_mm512_maskz_unpacklo_epi64(0xFF, t0, t2), _mm512_maskz_unpackhi_epi64(0xFF, t0, t2),
-                                _mm512_maskz_unpacklo_epi64(0xFF, t1, t3), _mm512_maskz_unpackhi_epi64(0xFF, t1, t3)};
-          KVQ_UNROLL for (int m = 0; m < 4; ++m)
-            KVQ_UNROLL for (int k = 0; k < kSlabs; ++k)
-              c[p][m][k] = code_field<Bits>(u[m], k);
-        }
-        // Scale and lo of each lane's (token, group), widened to fp32.
-        __m512 s_vec[kAccClasses], lo_vec[kAccClasses];
-        // The quad's metadata in place when its tokens are consecutive slots of one page
-        // (the usual case), else gathered.
-        const meta_storage_t<M>* const* quad = meta + j0 + q * kQuadTokens;
-        const bool in_place = q * kQuadTokens + kQuadTokens <= count &&
-                              runs_are_strided<kQuadTokens>(quad, kQuadTokens, kMetaPerToken * sizeof(meta_storage_t<M>));
-        const std::uint16_t* quad_meta = in_place ? reinterpret_cast<const std::uint16_t*>(quad[0]) : quad_copy;
-        if (!in_place)
-          for (int t = 0; t < kQuadTokens; ++t) {
-            if (q * kQuadTokens + t < count) std::memcpy(quad_copy + t * kMetaPerToken, quad[t], kMetaPerToken * sizeof(std::uint16_t));
-            else std::memset(quad_copy + t * kMetaPerToken, 0, kMetaPerToken * sizeof(std::uint16_t));
-          }
-        // Masked loads: nothing past the quad's kQuadMeta values is read.
-        constexpr __mmask32 kLowMask = kQuadMeta >= 32 ? ~__mmask32(0) : __mmask32((1u << kQuadMeta) - 1u);
-        constexpr __mmask32 kHighMask = kQuadMeta >= 64 ? ~__mmask32(0) : kQuadMeta > 32 ? __mmask32((1u << (kQuadMeta - 32)) - 1u) : 0;
-        const __m512i meta_lo = _mm512_maskz_loadu_epi16(kLowMask, quad_meta);
-        const __m512i meta_hi = _mm512_maskz_loadu_epi16(kHighMask, quad_meta + 32);
-        KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A)
-          KVQ_UNROLL for (int h = 0; h < 2; ++h) {
-            const __m512i idx = _mm512_load_si512(kMetaIndex[2 * A + h].data());
-            const __m512i bits = kQuadMeta <= 32 ? _mm512_maskz_permutexvar_epi16(~__mmask32(0), idx, meta_lo)
-                                                 : _mm512_maskz_permutex2var_epi16(~__mmask32(0), meta_lo, idx, meta_hi);
-            const __m256i half = _mm512_mask_extracti64x4_epi64(_mm256_setzero_si256(), 0xF, bits, 0);
-            __m512 v;
-            if constexpr (M == MetaType::fp16) v = _mm512_maskz_cvtph_ps(0xFFFF, half);
-            else v = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, half), 16));
-            (h == 0 ? s_vec : lo_vec)[A] = v;
-          }
-        for (int r = 0; r < rows; ++r) {
-          // Two chains per accumulator class, not one chain of 8 vpdpbusd latencies per
-          // row; the integer sums are the same.
-          __m512i acc[kAccClasses][2];
-          KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A) acc[A][0] = acc[A][1] = _mm512_setzero_si512();
-          KVQ_UNROLL for (int p = 0; p < kParts; ++p)
-            KVQ_UNROLL for (int m = 0; m < 4; ++m)
-              KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
-                __m512i& chain = acc[p * kClasses + transposed_class(m)][(m * kSlabs + k) % 2];
-                chain = dpbusd_tied(chain, c[p][m][k], *reinterpret_cast<const __m512i*>(q_lanes[r][p][k][m]));
-              }
-          // The lo terms do not wait on the sums: each class is s·(σ·isum + μR) + lo·Σq'
-          // with lo·Σq' computed aside, and the classes are added last, in order.
-          __m512 f[kAccClasses];
-          KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A) {
-            const __m512 lo_term = _mm512_mul_ps(lo_vec[A], _mm512_load_ps(sum_lanes_t[r][A]));
-            const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, _mm512_add_epi32(acc[A][0], acc[A][1]));
-            const __m512 code_term = _mm512_fmadd_ps(isum, _mm512_load_ps(sigma_lanes[r][A]), _mm512_load_ps(residual_lanes[r][A]));
-            f[A] = _mm512_fmadd_ps(code_term, s_vec[A], lo_term);
-          }
-          static_assert(kClasses <= 2, "kTransposed groups hold ≥ 8 bytes");
-          __m512 total = f[0];
-          KVQ_UNROLL for (int A = 1; A < kAccClasses; ++A) total = _mm512_add_ps(total, f[A]);
-          partial[r][q] = total;
-        }
-      }
-      // Lane (c, t) of quad q is token 4q + t (64-byte parts), 8q + 4·(c/2) + t (32-byte
-      // rows) or 4c + t (16-byte rows): add each token's lanes, which leaves the tokens in
-      // order.
-      const __mmask16 store = __mmask16((1u << count) - 1u);
-      for (int r = 0; r < rows; ++r) {
-        const __m512* f = partial[r];
-        auto pairs = [](__m512 a, __m512 b) {  // [a0+a1, a2+a3, b0+b1, b2+b3] over 128-bit lanes
-          return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0x88), _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0xDD));
-        };
-        __m512 y;
-        if constexpr (kQuads == 4) {
-          auto halves = [](__m512 a, __m512 b) {  // [a0+a2, a1+a3, b0+b2, b1+b3]
-            return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0x44), _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, 0xEE));
-          };
-          y = pairs(halves(f[0], f[1]), halves(f[2], f[3]));
-        } else if constexpr (kQuads == 2) {
-          y = pairs(f[0], f[1]);
+    auto row = [&](int j) { return j < count ? codes[j] : kZeroRow; };
+    KVQ_UNROLL for (int p = 0; p < kParts; ++p) {
+      // Part p of the quad's tokens: one token per register (64-byte parts), two
+      // (32-byte rows: 256-bit halves) or four (16-byte rows: 128-bit lanes).
+      __m512i x[4];
+      KVQ_UNROLL for (int t = 0; t < 4; ++t) {
+        if constexpr (kPartBytes == 64) {
+          x[t] = _mm512_loadu_si512(row(4 * q + t) + 64 * p);
+        } else if constexpr (kPartBytes == 32) {
+          const __m512i zero = _mm512_setzero_si512();
+          const __m512i low = _mm512_mask_inserti64x4(zero, 0xFF, zero, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(8 * q + t))), 0);
+          x[t] = _mm512_mask_inserti64x4(low, 0xFF, low, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(8 * q + 4 + t))), 1);
         } else {
-          y = f[0];
+          static_assert(kPartBytes == 16);
+          auto lane = [&](int cl) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(4 * cl + t))); };
+          const __m512i zero = _mm512_setzero_si512();  // the insert positions must be immediates
+          __m512i v = _mm512_mask_inserti32x4(zero, 0xFFFF, zero, lane(0), 0);
+          v = _mm512_mask_inserti32x4(v, 0xFFFF, v, lane(1), 1);
+          v = _mm512_mask_inserti32x4(v, 0xFFFF, v, lane(2), 2);
+          x[t] = _mm512_mask_inserti32x4(v, 0xFFFF, v, lane(3), 3);
         }
-        _mm512_mask_storeu_ps(&s[r][first + j0], store, y);
       }
+      // Two stages of a 4×4 dword transpose in each 128-bit lane.
+      const __m512i t0 = _mm512_maskz_unpacklo_epi32(0xFFFF, x[0], x[1]), t1 = _mm512_maskz_unpackhi_epi32(0xFFFF, x[0], x[1]);
+      const __m512i t2 = _mm512_maskz_unpacklo_epi32(0xFFFF, x[2], x[3]), t3 = _mm512_maskz_unpackhi_epi32(0xFFFF, x[2], x[3]);
+      u[p][0] = _mm512_maskz_unpacklo_epi64(0xFF, t0, t2), u[p][1] = _mm512_maskz_unpackhi_epi64(0xFF, t0, t2);
+      u[p][2] = _mm512_maskz_unpacklo_epi64(0xFF, t1, t3), u[p][3] = _mm512_maskz_unpackhi_epi64(0xFF, t1, t3);
+    }
+    // The quad's metadata in place when its tokens are consecutive slots of one page
+    // (the usual case), else gathered.
+    alignas(64) std::uint16_t quad_copy[64];  // zero past count
+    const meta_storage_t<M>* const* quad = meta + q * kQuadTokens;
+    const bool in_place = q * kQuadTokens + kQuadTokens <= count &&
+                          runs_are_strided<kQuadTokens>(quad, kQuadTokens, kMetaPerToken * sizeof(meta_storage_t<M>));
+    const std::uint16_t* quad_meta = in_place ? reinterpret_cast<const std::uint16_t*>(quad[0]) : quad_copy;
+    if (!in_place)
+      for (int t = 0; t < kQuadTokens; ++t) {
+        if (q * kQuadTokens + t < count) std::memcpy(quad_copy + t * kMetaPerToken, quad[t], kMetaPerToken * sizeof(std::uint16_t));
+        else std::memset(quad_copy + t * kMetaPerToken, 0, kMetaPerToken * sizeof(std::uint16_t));
+      }
+    // Masked loads: nothing past the quad's kQuadMeta values is read.
+    constexpr __mmask32 kLowMask = kQuadMeta >= 32 ? ~__mmask32(0) : __mmask32((1u << kQuadMeta) - 1u);
+    constexpr __mmask32 kHighMask = kQuadMeta >= 64 ? ~__mmask32(0) : kQuadMeta > 32 ? __mmask32((1u << (kQuadMeta - 32)) - 1u) : 0;
+    const __m512i meta_lo = _mm512_maskz_loadu_epi16(kLowMask, quad_meta);
+    const __m512i meta_hi = _mm512_maskz_loadu_epi16(kHighMask, quad_meta + 32);
+    KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A)
+      KVQ_UNROLL for (int h = 0; h < 2; ++h) {
+        const __m512i idx = _mm512_load_si512(kMetaIndex[2 * A + h].data());
+        const __m512i bits = kQuadMeta <= 32 ? _mm512_maskz_permutexvar_epi16(~__mmask32(0), idx, meta_lo)
+                                             : _mm512_maskz_permutex2var_epi16(~__mmask32(0), meta_lo, idx, meta_hi);
+        const __m256i half = _mm512_mask_extracti64x4_epi64(_mm256_setzero_si256(), 0xF, bits, 0);
+        __m512 v;
+        if constexpr (M == MetaType::fp16) v = _mm512_maskz_cvtph_ps(0xFFFF, half);
+        else v = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, half), 16));
+        (h == 0 ? s_vec : lo_vec)[A] = v;
+      }
+  }
+
+  // total[i] = the 16 lanes (token, group) of row r0 + i for one quad, i < RB: vpdpbusd
+  // sums codes × query dwords per (token, group) in each lane, then one convert and
+  // three FMAs per vector scale them. The RB rows' chains interleave.
+  template <int RB, class Slab>
+  KVQ_FORCE_INLINE void score_quad_rows(Slab&& slab_of, const __m512 (&s_vec)[kAccClasses],
+                                        const __m512 (&lo_vec)[kAccClasses], int r0, __m512* total) const {
+    // Two chains per row and accumulator class, not one chain of 8 vpdpbusd latencies;
+    // the integer sums are the same.
+    __m512i acc[RB][kAccClasses][2];
+    KVQ_UNROLL for (int i = 0; i < RB; ++i)
+      KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A) acc[i][A][0] = acc[i][A][1] = _mm512_setzero_si512();
+    KVQ_UNROLL for (int p = 0; p < kParts; ++p)
+      KVQ_UNROLL for (int m = 0; m < 4; ++m)
+        KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
+          const __m512i slab = slab_of(p, m, k);
+          KVQ_UNROLL for (int i = 0; i < RB; ++i) {
+            __m512i& chain = acc[i][p * kClasses + transposed_class(m)][(m * kSlabs + k) % 2];
+            chain = dpbusd_tied(chain, slab, *reinterpret_cast<const __m512i*>(q_lanes[r0 + i][p][k][m]));
+          }
+        }
+    KVQ_UNROLL for (int i = 0; i < RB; ++i) {
+      const int r = r0 + i;
+      // The lo terms do not wait on the sums: each class is s·(σ·isum + μR) + lo·Σq'
+      // with lo·Σq' computed aside, and the classes are added last, in order.
+      __m512 f[kAccClasses];
+      KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A) {
+        const __m512 lo_term = _mm512_mul_ps(lo_vec[A], _mm512_load_ps(sum_lanes_t[r][A]));
+        const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, _mm512_add_epi32(acc[i][A][0], acc[i][A][1]));
+        const __m512 code_term = _mm512_fmadd_ps(isum, _mm512_load_ps(sigma_lanes[r][A]), _mm512_load_ps(residual_lanes[r][A]));
+        f[A] = _mm512_fmadd_ps(code_term, s_vec[A], lo_term);
+      }
+      static_assert(kClasses <= 2, "kTransposed groups hold ≥ 8 bytes");
+      total[i] = f[0];
+      KVQ_UNROLL for (int A = 1; A < kAccClasses; ++A) total[i] = _mm512_add_ps(total[i], f[A]);
     }
   }
 

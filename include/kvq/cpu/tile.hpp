@@ -577,13 +577,14 @@ KVQ_FORCE_INLINE bool runs_are_strided(const T* const* p, int n, std::size_t str
     int i = 0;
     for (; i + 8 <= n; i += 8) {
       const __m512i v = _mm512_loadu_si512(p + i);
-      const __m512i first = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4), v);
+      // Masked forms with an explicit source throughout (GCC 12 warns on the _undefined_ ones).
+      const __m512i first = _mm512_maskz_permutexvar_epi64(0xFF, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4), v);
       if (_mm512_cmpneq_epu64_mask(v, _mm512_add_epi64(first, offsets)) != 0) return false;
     }
     if (i < n) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i));
       const __m256i first = _mm256_permute4x64_epi64(v, 0);
-      return _mm256_cmpneq_epu64_mask(v, _mm256_add_epi64(first, _mm512_castsi512_si256(offsets))) == 0;
+      return _mm256_cmpneq_epu64_mask(v, _mm256_add_epi64(first, _mm256_setr_epi64x(0, s, 2 * s, 3 * s))) == 0;
     }
     return true;
   } else {
