@@ -440,36 +440,25 @@ void tile_accumulate(const float (*p)[kTokensPerBlock], int rows_padded, const f
   accumulate_of<D>(p, rows_padded, TileAt<D>{v, first}, first, n, acc);
 }
 
-// e^x without libm (the libm call per logit cost as much as the products): x = k·ln2 + r,
-// |r| ≤ ln2/2 (Cephes' two-part ln2), then e^r by a degree-5 polynomial fitted for
-// relative error (1.0e-7 in exact arithmetic, 1.3 ulp in fp32 Horner), so within 4 ulp
-// of e^x (tests/cpu/test_tile.cpp). x < −87 (−∞ included) gives exactly 0, NaN gives NaN;
-// the softmax only calls it with x ≤ 0. F is float, or a GNU vector of floats with Bits
-// its uint32 twin: the same operations lane by lane (explicit vectors, since GCC's
-// auto-vectorizer stops at 256 bits on targets that prefer them).
-// The softmax's exps share the FP multiply ports with the int8 products (vpdpbusd) and the
-// scaling: Cephes' e^r (six FMAs, a multiply and an add, then p·2^k) made them 11 of those
-// ports' instructions per vector, this 8 with AVX-512 (2^k by vscalefps, off those
-// ports), 9 elsewhere. Without any exps, K4V2's fastest decode at d 128, GQA 4 took 9.7
-// instead of 10.6 ns per token·head (Zen 4).
+// e^x without libm (the libm call per logit cost as much as the products): Cephes'
+// degree-6 polynomial after x = k·ln2 + r, |r| ≤ ln2/2, within 2 ulp of expf. x < −87
+// (−∞ included) gives exactly 0, NaN gives NaN; the softmax only calls it with x ≤ 0.
+// F is float, or a GNU vector of floats with Bits its uint32 twin: the same operations
+// lane by lane (explicit vectors, since GCC's auto-vectorizer stops at 256 bits on
+// targets that prefer them).
 template <class F, class Bits>
 KVQ_FORCE_INLINE F exp_approx(F x) {
   const F t = x * 1.44269504088896341f;
   const F shifted = t + 12582912.f;  // 1.5·2^23: round(t) lands in the low mantissa bits
   const F k = shifted - 12582912.f;
   const F r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
-  F p = F{} + 8.317875e-3f;
-  p = p * r + 4.1897945e-2f;
-  p = p * r + 1.6667182e-1f;
-  p = p * r + 4.9999149e-1f;
-  p = p * r + 9.9999987e-1f;
-  p = p * r + 1.f;
-#if KVQ_GNU_HOST && KVQ_CPU_AVX512
-  if constexpr (sizeof(F) == 64) {  // p·2^k, exact for every result of x ≥ −87 (all normal)
-    const F scaled = F(_mm512_maskz_scalef_ps(0xFFFF, __m512(p), __m512(k)));
-    return x < -87.f ? F{} : scaled;
-  }
-#endif
+  F p = F{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.f;
   Bits k_bits;
   std::memcpy(&k_bits, &shifted, sizeof k_bits);  // k as two's complement
   k_bits -= 0x4B400000u;
