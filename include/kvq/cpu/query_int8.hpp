@@ -845,9 +845,9 @@ struct Int8Query {
   }
 
   // Quad q of a step of count ≤ 16 tokens (codes[j], meta[j] for j < count): its codes
-  // transposed, u[p][m] = dword m of part p in every lane (its slabs are taken out just
-  // before their products, so that they are not all live at once), and the scale and lo
-  // of each lane's (token, group) widened to fp32.
+  // transposed, u[p][m] = dword m of part p in every lane (the register path takes each
+  // slab out just before its products, so that they are not all live at once), and the
+  // scale and lo of each lane's (token, group) widened to fp32.
   template <MetaType M>
   KVQ_FORCE_INLINE void load_quad(int count, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta,
                                   int q, __m512i (&u)[kParts][4], __m512 (&s_vec)[kAccClasses],
