@@ -121,7 +121,8 @@ struct Int8Query {
   static constexpr int kTRows = kTransposed ? kMaxRowsPerPass : 1;
   // Rows score_block_transposed keeps in registers: as many as fit the 32 vector
   // registers beside a quad's transposed codes (kParts·4), its metadata, and each row's
-  // accumulators and pending lane sums (4 at d 64 and 128, 2 at d 256).
+  // accumulators and pending lane sums (4 for 2- and 4-bit keys at d 64 and 128, 2 at
+  // d 256).
   static constexpr int kRowBlock = [] {
     constexpr int codes = kParts * 4, meta = 2 * kAccClasses, lanes = kTokensPerRow == 1 ? 2 : 1;
     for (int rb = 4; rb > 1; rb /= 2)
