@@ -401,7 +401,7 @@ KVQ_FORCE_INLINE void butterflies_across(typename V::F* v) {
 // most that stay in registers: the stages of strides below a part's length stay inside
 // it, and one pass over the parts does the last stage and 1/√D. (AVX2 took d 256's 32
 // vectors at once and spilled: K2V2_HC's append, Zen 4 at -march=haswell, 266 → 221 ns
-// per token·head, d 128 99; AVX-512 runs as fast so as with 16 zmm.)  src: [D] of T;
+// per token·head, d 128 99; AVX-512 runs as fast as with 16 zmm.)  src: [D] of T;
 // mean: [D] or null;  dst: [D] (may be src).
 template <int D, bool kHadamard, ActivationType T>
 KVQ_FORCE_INLINE void center_hadamard_row_fast(const T* src, const float* mean, std::uint32_t sign_seed, float* dst) {

@@ -119,16 +119,14 @@ struct Int8Query {
   static constexpr bool kTransposed = kSlabBytes >= 16 && kGroupBytes % 8 == 0 && kParts * kSlabs <= 4 &&
                                       4 * kTokensPerRow * 2 * kGroups <= 64;
   static constexpr int kTRows = kTransposed ? kMaxRowsPerPass : 1;
-  // Rows score_block_transposed keeps in registers: as many as fit the 32 vector
-  // registers beside a quad's transposed codes (kParts·4), its metadata, and each row's
-  // accumulators and pending lane sums (4 for 2- and 4-bit keys at d 64 and 128, 2 at
-  // d 256).
-  static constexpr int kRowBlock = [] {
-    constexpr int codes = kParts * 4, meta = 2 * kAccClasses, lanes = kTokensPerRow == 1 ? 2 : 1;
-    for (int rb = 4; rb > 1; rb /= 2)
-      if (codes + meta + rb * (2 * kAccClasses + lanes) + 1 <= 30) return rb;
-    return 1;
-  }();
+  // Vector registers score_block_transposed needs to keep rows in registers: a
+  // quad's transposed codes (kParts·4), its metadata, each row's accumulators and pending
+  // lane sums, one slab. Of the 32, 2 rows fit for keys of up to 128 bytes a row, 4 for
+  // 2- and 4-bit keys at d 64 and 128.
+  static constexpr int kRegistersBesideRows = kParts * 4 + 2 * kAccClasses + 1;
+  static constexpr int kRegistersPerRow = 2 * kAccClasses + (kTokensPerRow == 1 ? 2 : 1);
+  static constexpr bool kTwoRowsInRegisters = kRegistersBesideRows + 2 * kRegistersPerRow <= 30;
+  static constexpr bool kFourRowsInRegisters = kRegistersBesideRows + 4 * kRegistersPerRow <= 30;
   // Group of lane c in part p and accumulator class a: dword m of a part holds bytes
   // 64·p + 16·(c mod kRowLanes) + 4m .. + 3, and with groups under 16 bytes class a
   // gathers the dwords m of group offset a.
@@ -260,10 +258,10 @@ struct Int8Query {
 
   // s[r][first + j] for r < rows, j < n ≤ kTokensPerBlock − first: a block of tokens
   // whose packed rows and stored metadata (2·kGroups values of M) are codes[j] and
-  // meta[j]. With AVX-512 VNNI the metadata is widened in registers and each row's
-  // 16-lane sums of 16 tokens are reduced together by one transpose (reduce_16x16)
-  // instead of 16 horizontal sums; AVX2 does the same 8 tokens at a time where
-  // kAvx2Block holds.
+  // meta[j]. With AVX-512 VNNI the metadata is widened in registers and the lane sums
+  // of 16 tokens are reduced together: in the transposed layout by folding each token's
+  // lanes (score_block_transposed), else by one transpose (reduce_16x16) instead of 16
+  // horizontal sums; AVX2 does the same 8 tokens at a time where kAvx2Block holds.
   template <MetaType M>
   void score_block(int n, const std::uint8_t* const* codes, const meta_storage_t<M>* const* meta, int rows,
                    float (*s)[kTokensPerBlock], int first = 0) const {
@@ -745,8 +743,8 @@ struct Int8Query {
     }
   }
 
-  // score_block in the transposed layout (see kTransposed), 16 tokens per step. 1, 2 or
-  // kRowBlock rows are scored with everything in registers: the rows' accumulators, and
+  // score_block in the transposed layout (see kTransposed), 16 tokens per step. 1 row,
+  // and 2 or 4 where they fit, are scored with everything in registers: the rows' accumulators, and
   // each token's lanes added as the quads come. Other row counts unpack each quad once
   // and score it row by row, the lane sums going through memory. (Over the runtime row
   // count, 4 rows took 17.0 cycles per token against 14.3 in registers: K4V2, d 128,
@@ -760,10 +758,10 @@ struct Int8Query {
       const int count = n - j0 < 16 ? n - j0 : 16;
       if (rows == 1) {
         score_step_registers<M, 1>(count, codes + j0, meta + j0, s, first + j0);
-      } else if (rows == 2) {
+      } else if (rows == 2 && kTwoRowsInRegisters) {
         score_step_registers<M, 2>(count, codes + j0, meta + j0, s, first + j0);
-      } else if (rows == 4 && kRowBlock == 4) {
-        score_step_registers<M, kRowBlock>(count, codes + j0, meta + j0, s, first + j0);
+      } else if (rows == 4 && kFourRowsInRegisters) {
+        score_step_registers<M, 4>(count, codes + j0, meta + j0, s, first + j0);
       } else {
         score_step_memory<M>(count, codes + j0, meta + j0, rows, s, first + j0);
       }
