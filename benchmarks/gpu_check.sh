@@ -12,7 +12,8 @@
 #   benchmarks/gpu_check.sh [DIR]             on the GPU machine: host and device tests,
 #       bench_cuda_decode, the torch peer, two Nsight Compute profiles (sections and stall
 #       reasons), one table per shape (µs, GB/s on packed bytes, % of the device copy, ×
-#       over torch's BF16 SDPA, all from this run; appends as % of a decode step), then
+#       over torch's BF16 SDPA, all from this run; appends as % of a decode step, and
+#       append + decode steps with and without programmatic dependent launch), then
 #       compute-sanitizer memcheck and racecheck on a subset, and the table again. Logs, JSON
 #       and the profiles go to $KVQ_GPU_CHECK_OUT (default $OUT, else /tmp)/kvq_gpu_check:
 #       summary.txt, bench.json, peer.json, ptxas.txt and tests.log as files, everything else
@@ -200,6 +201,12 @@ for b in runs:
         if step:  # one decode step of 64 sequences appends 64 tokens
             line += f"   {100 * b['real_time'] / step:5.1f}% of the 64 x 4K TC decode step"
         print(line)
+print()
+for b in runs:  # append + decode on one stream, without and with PDL
+    if b["name"].startswith("BM_Step"):
+        name = b["name"].replace("/manual_time", "")
+        print(f"{name:<40} step {b['real_time']:8.1f} us, decode alone {b['decode_us']:8.1f} us: append "
+              f"{b['append_%']:5.1f}%   graph: step {b['graph_us']:8.1f} us, append {b['graph_append_%']:5.1f}%")
 PY
 else
   echo "(python3 missing or no benchmark JSON; raw output in $out/bench.txt)"
@@ -209,7 +216,7 @@ summary | tee "$out/summary.txt"
 
 # compute-sanitizer on the tests of one policy per kernel (both decode kernels, split-KV,
 # append, dense pages, merge, NaN rows); racecheck on the kernels that share memory.
-memcheck_set='CudaAppend.K4V2_d128_half:CudaDecode.K4V2_d128_half:CudaDecodeTensorCore.K4V2_d128_half:CudaDenseDecode.dense_d128_half:CudaDenseDecodeTensorCore.dense_d128_half:CudaMergeStates.dense_d128_half:CudaDecode.NaN*'
+memcheck_set='CudaAppend.K4V2_d128_half:CudaDecode.K4V2_d128_half:CudaDecodeTensorCore.K4V2_d128_half:CudaDenseDecode.dense_d128_half:CudaDenseDecodeTensorCore.dense_d128_half:CudaMergeStates.dense_d128_half:CudaDecode.NaN*:CudaDependentLaunch.*'
 racecheck_set='CudaDecode.K4V2_d128_half:CudaDecodeTensorCore.K4V2_d128_half:CudaDenseDecodeTensorCore.dense_d128_half'
 if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do

@@ -10,6 +10,10 @@
 //   BM_DecodeBF16<K>  the same on a bf16 cache with bf16 queries and outputs, both kernels
 //   BM_Append<P>      fused quantize-append of one decode step (batch tokens) and of a
 //                     prefill chunk; tokens/s, device time from a replayed CUDA graph
+//   BM_Step<P>        one decode step as an engine runs it: append the batch's new rows,
+//                     then decode (tensor-core kernel), back to back on one stream, with
+//                     and without programmatic dependent launch (pdl:1); append_% is the
+//                     step's time over the decode's alone, minus one, in the same run
 // Shapes: Llama-3-8B-like layer, Hkv = 8, Hq = 32 (GQA 4), head_dim 128, page 64;
 // batch × context from 1×4K to 64×32K. Caches hold random codes and metadata (or random
 // fp16/bf16 rows), one random page repeated over the pool; queries are random.
@@ -381,6 +385,87 @@ void BM_Append(benchmark::State& state) {
   state.counters["Mtok/s"] = benchmark::Counter(tokens / 1e6, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Per-launch µs of launch(stream) issued `reps` times back to back on `stream` (best of 5
+// after a warm-up), for the ratios of BM_Step.
+template <class F>
+double host_us(cudaStream_t stream, F&& launch, int reps = 20) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (int r = 0; r < reps; ++r) launch(stream);
+  double best = NAN;
+  for (int i = 0; i < 5; ++i) {
+    cudaEventRecord(start, stream);
+    for (int r = 0; r < reps; ++r) launch(stream);
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    float ms = 0.f;
+    if (cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && !(ms * 1e3 / reps >= best)) best = ms * 1e3 / reps;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
+// One decode step: append one new row per sequence at its last position (ctx − 1), then
+// decode through the tensor-core kernel; state.range(2) = launch_with_pdl.
+template <Policy P>
+void BM_Step(benchmark::State& state) {
+  const int batch = state.range(0), ctx = state.range(1);
+  const bool pdl = state.range(2) != 0;
+  Dev dev;
+  Table tab;
+  if (!tab.init(dev, batch, ctx)) return state.SkipWithError("allocation failed");
+  const PageLayout<P> layout{kPage, kHkv};
+  auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
+  auto* rows = dev.alloc<T>(std::size_t(batch) * kHkv * kD);
+  auto* bi = dev.alloc<std::int32_t>(batch);
+  auto* pos = dev.alloc<std::int32_t>(batch);
+  if (!pool || !rows || !bi || !pos) return state.SkipWithError("cudaMalloc failed");
+  if (!fill_pool(pool, random_page(layout), tab.num_pages)) return state.SkipWithError("pool fill failed");
+  std::vector<std::int32_t> b(batch), p(batch, ctx - 1);
+  std::iota(b.begin(), b.end(), 0);
+  std::vector<T> host_rows(std::size_t(batch) * kHkv * kD);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (auto& x : host_rows) x = T(normal(rng));
+  BENCH_CUDA(cudaMemcpy(bi, b.data(), batch * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(pos, p.data(), batch * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(rows, host_rows.data(), host_rows.size() * sizeof(T), cudaMemcpyHostToDevice));
+  cuda::AppendArgs<P, T> ap;
+  ap.cache = {pool, tab.num_pages, layout};
+  ap.table = tab.view;
+  ap.keys = ap.values = rows;
+  ap.num_tokens = batch;
+  ap.batch_indices = bi;
+  ap.positions = pos;
+  cuda::DecodeArgs<P, T, T> dc;
+  dc.cache = {pool, tab.num_pages, layout};
+  dc.table = tab.view;
+  dc.kernel = cuda::DecodeKernel::tensor_core;
+  if (!setup_decode(dev, dc, batch, ctx)) return state.SkipWithError("setup failed");
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Status st;
+  auto step = [&](cudaStream_t s) {
+    if (st.ok()) (void)(st = cuda::append_kv(ap, s, pdl));
+    if (st.ok()) (void)(st = cuda::decode_attention(dc, s, pdl));
+  };
+  time_events(state, stream, [&] { for (int r = 0; r < 5; ++r) step(stream); }, 5);
+  if (st.ok()) {
+    const double step_us = host_us(stream, step);
+    const double decode_us = host_us(stream, [&](cudaStream_t s) { (void)cuda::decode_attention(dc, s, pdl); });
+    const double step_graph = graph_us(step);
+    const double decode_graph = graph_us([&](cudaStream_t s) { (void)cuda::decode_attention(dc, s, pdl); });
+    state.counters["decode_us"] = decode_us;
+    state.counters["append_%"] = 100.0 * (step_us / decode_us - 1.0);
+    state.counters["graph_us"] = step_graph;
+    state.counters["graph_append_%"] = 100.0 * (step_graph / decode_graph - 1.0);
+  }
+  cudaStreamDestroy(stream);
+  if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
+}
+
 void decode_shapes(benchmark::internal::Benchmark* b) {
   for (auto [batch, ctx] : {std::pair{1, 4096}, {1, 32768}, {8, 8192}, {16, 32768}, {64, 4096}, {64, 32768}})
     b->Args({batch, ctx});
@@ -400,6 +485,12 @@ void decode_shapes(benchmark::internal::Benchmark* b) {
       ->ArgName("tokens")                                                               \
       ->Arg(64)                                                                         \
       ->Arg(16384)                                                                      \
+      ->UseManualTime()                                                                 \
+      ->Unit(benchmark::kMicrosecond);                                                  \
+  BENCHMARK_TEMPLATE(BM_Step, POLICY)                                                   \
+      ->Name("BM_Step/" #ID)                                                            \
+      ->ArgsProduct({{1, 64}, {4096}, {0, 1}})                                          \
+      ->ArgNames({"batch", "ctx", "pdl"})                                               \
       ->UseManualTime()                                                                 \
       ->Unit(benchmark::kMicrosecond);
 KVQ_INSTANTIATIONS(KVQ_BENCH)

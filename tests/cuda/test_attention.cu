@@ -301,6 +301,113 @@ TEST(CudaDecode, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
       }
 }
 
+// Programmatic dependent launch: a prefill append, then decode steps that each append one
+// new row per sequence (at its last position, new values every step) and decode, all on
+// one stream. With launch_with_pdl every launch may begin before the previous one has
+// finished; the outputs must be the bytes of the same launches made one after another
+// (a decode that read its pages before the append that writes them would see the
+// poisoned pool or the previous step's row). Both decode kernels, with their splits
+// merged by a second launch (CUDA-core) and in the kernel (tensor-core).
+template <Policy P, ActivationType T>
+std::vector<T> append_decode_chain(cuda::DecodeKernel kernel, bool pdl, int steps, unsigned& flags_out) {
+  constexpr int D = P.head_dim;
+  constexpr int hkv = 2, group = 4, hq = hkv * group;
+  const std::vector<int> lens = {700, 1, 333, 1024};
+  const int batch = static_cast<int>(lens.size());
+  const RaggedTable tab = make_table(lens, 64, 17);
+  const PageLayout<P> layout{64, hkv};
+  const TokenList tok = all_tokens(tab, 18);
+  const int n = tok.size();
+  Rotations rot;
+  make_rotations<P>(rot, hkv, 19);
+  DeviceBuffer<std::byte> pool(layout.page_bytes() * tab.num_pages);
+  pool.fill_bytes(0xFF);  // NaN metadata and scales until the prefill writes them
+  DeviceTable dt(tab);
+  DeviceBuffer<T> dk(convert<T>(random_normal(std::size_t(n) * hkv * D, 20, 1.f)));
+  DeviceBuffer<T> dv(convert<T>(random_normal(std::size_t(n) * hkv * D, 21, 1.f)));
+  DeviceBuffer<std::int32_t> db(tok.batch), dp(tok.pos);
+  // Step s appends rows s of step_k / step_v at position len − 1 of every sequence.
+  std::vector<std::int32_t> sb, sp;
+  for (int b = 0; b < batch; ++b) sb.push_back(b), sp.push_back(lens[b] - 1);
+  DeviceBuffer<std::int32_t> dsb(sb), dsp(sp);
+  DeviceBuffer<T> step_k(convert<T>(random_normal(std::size_t(steps) * batch * hkv * D, 22, 1.f)));
+  DeviceBuffer<T> step_v(convert<T>(random_normal(std::size_t(steps) * batch * hkv * D, 23, 1.f)));
+  std::vector<std::int32_t> qi(batch + 1);
+  std::iota(qi.begin(), qi.end(), 0);
+  DeviceBuffer<std::int32_t> dqi(qi);
+  DeviceBuffer<T> dq(convert<T>(random_normal(std::size_t(batch) * hq * D, 24, 0.7f)));
+  DeviceBuffer<T> out(std::size_t(steps + 1) * batch * hq * D);
+  out.fill_bytes(0xFF);
+  DeviceBuffer<unsigned> flags(std::vector<unsigned>{0u});
+
+  cuda::AppendArgs<P, T> ap;
+  ap.cache = {pool.get(), tab.num_pages, layout};
+  ap.table = dt.view();
+  ap.keys = dk.get(), ap.values = dv.get();
+  ap.num_tokens = n;
+  ap.batch_indices = db.get(), ap.positions = dp.get();
+  ap.rotation = rot.device();
+  ap.error_flags = flags.get();
+  cuda::DecodeArgs<P, T, T> dc;
+  dc.cache = {pool.get(), tab.num_pages, layout};
+  dc.table = dt.view();
+  dc.params = {dq.get(), dqi.get(), hq, nullptr, 0.f, false, out.get(), nullptr};
+  dc.rotation = rot.device();
+  dc.total_q = batch;
+  dc.num_splits = 4;
+  dc.kernel = kernel;
+  dc.error_flags = flags.get();
+  DeviceBuffer<std::byte> ws(cuda::decode_workspace_bytes(dc));
+  dc.workspace = ws.get();
+  dc.workspace_bytes = ws.size();
+
+  cudaStream_t stream;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (int s = 0; s <= steps; ++s) {
+    if (s > 0) {  // one decode step: the sequences' new rows
+      ap.keys = step_k.get() + std::size_t(s - 1) * batch * hkv * D;
+      ap.values = step_v.get() + std::size_t(s - 1) * batch * hkv * D;
+      ap.num_tokens = batch;
+      ap.batch_indices = dsb.get(), ap.positions = dsp.get();
+    }
+    EXPECT_TRUE(cuda::append_kv(ap, stream, pdl).ok());
+    dc.params.out = out.get() + std::size_t(s) * batch * hq * D;
+    EXPECT_TRUE(cuda::decode_attention(dc, stream, pdl).ok());
+  }
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  flags_out = flags.download()[0];
+  return out.download();
+}
+
+TEST(CudaDependentLaunch, AppendDecodeChainMatchesSerialLaunches) {
+  KVQ_REQUIRE_CUDA_DEVICE();
+  constexpr Policy P = presets::K4V2.with_head_dim(128);
+  constexpr int steps = 6;
+  for (const auto kernel : {cuda::DecodeKernel::simt, cuda::DecodeKernel::tensor_core}) {
+    if (kernel == cuda::DecodeKernel::tensor_core && !tensor_cores_present()) continue;
+    unsigned serial_flags = 1, pdl_flags = 1;
+    const auto serial = append_decode_chain<P, half_t>(kernel, false, steps, serial_flags);
+    const auto pdl = append_decode_chain<P, half_t>(kernel, true, steps, pdl_flags);
+    EXPECT_EQ(serial_flags, 0u);
+    EXPECT_EQ(pdl_flags, 0u);
+    ASSERT_EQ(serial.size(), pdl.size());
+    const std::size_t per_step = serial.size() / (steps + 1);
+    for (std::size_t i = 0; i < serial.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(to_float(serial[i]))) << "serial launches, element " << i;
+      ASSERT_EQ(bits_of(serial[i]), bits_of(pdl[i]))
+          << (kernel == cuda::DecodeKernel::simt ? "CUDA-core" : "tensor-core") << " kernel, step " << i / per_step
+          << ", element " << i % per_step;
+    }
+    // Every step decoded its own new rows.
+    for (int s = 1; s <= steps; ++s)
+      EXPECT_FALSE(std::equal(serial.begin() + (s - 1) * per_step, serial.begin() + s * per_step,
+                              serial.begin() + s * per_step,
+                              [](half_t a, half_t b) { return bits_of(a) == bits_of(b); }))
+          << "step " << s;
+  }
+}
+
 TEST(CudaDevice, ReportsWhetherADeviceExists) {
   const int n = cuda::device_count();
   if (n == 0) GTEST_SKIP() << "no CUDA device found";

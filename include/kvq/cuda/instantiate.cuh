@@ -16,20 +16,20 @@
 
 #define KVQ_CUDA_INSTANTIATE_POLICY(POLICY, T)                                                          \
   template ::kvq::Status kvq::cuda::append_kv<(POLICY), T>(const ::kvq::cuda::AppendArgs<(POLICY), T>&, \
-                                                           ::kvq::cuda::Stream);                        \
+                                                           ::kvq::cuda::Stream, bool);                  \
   template ::kvq::Status kvq::cuda::dequantize_kv<(POLICY), T>(                                         \
-      const ::kvq::cuda::DequantizeArgs<(POLICY), T>&, ::kvq::cuda::Stream);                            \
+      const ::kvq::cuda::DequantizeArgs<(POLICY), T>&, ::kvq::cuda::Stream, bool);                      \
   template ::kvq::Status kvq::cuda::rotate_rows<(POLICY), T>(const ::kvq::cuda::RotateArgs<(POLICY), T>&, \
-                                                             ::kvq::cuda::Stream);                      \
+                                                             ::kvq::cuda::Stream, bool);                \
   template ::kvq::Status kvq::cuda::decode_attention<(POLICY), T, T>(                                   \
-      const ::kvq::cuda::DecodeArgs<(POLICY), T, T>&, ::kvq::cuda::Stream);                             \
+      const ::kvq::cuda::DecodeArgs<(POLICY), T, T>&, ::kvq::cuda::Stream, bool);                       \
   template ::kvq::Status kvq::cuda::decode_ctas_per_sm<(POLICY), T, T>(const ::kvq::cuda::DecodeArgs<(POLICY), T, T>&, \
                                                                        int&);
 
-#define KVQ_CUDA_INSTANTIATE_DENSE(D, T)                                                 \
-  template ::kvq::Status kvq::cuda::dense_decode_attention<T, D, T, T>(                  \
-      const ::kvq::cuda::DenseDecodeArgs<T, D, T, T>&, ::kvq::cuda::Stream);             \
-  template ::kvq::Status kvq::cuda::decode_ctas_per_sm<T, D, T, T>(                      \
-      const ::kvq::cuda::DenseDecodeArgs<T, D, T, T>&, int&);                            \
+#define KVQ_CUDA_INSTANTIATE_DENSE(D, T)                                                                \
+  template ::kvq::Status kvq::cuda::dense_decode_attention<T, D, T, T>(                                 \
+      const ::kvq::cuda::DenseDecodeArgs<T, D, T, T>&, ::kvq::cuda::Stream, bool);                      \
+  template ::kvq::Status kvq::cuda::decode_ctas_per_sm<T, D, T, T>(                                     \
+      const ::kvq::cuda::DenseDecodeArgs<T, D, T, T>&, int&);                                           \
   template ::kvq::Status kvq::cuda::merge_states<T>(const T*, const float*, const T*, const float*, int, int, \
-                                                    T*, float*, ::kvq::cuda::Stream);
+                                                    T*, float*, ::kvq::cuda::Stream, bool);

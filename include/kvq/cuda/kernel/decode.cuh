@@ -32,6 +32,7 @@
 #include "kvq/core/decode_params.hpp"
 #include "kvq/core/quantizer.hpp"
 #include "kvq/cuda/config.cuh"
+#include "kvq/cuda/kernel/grid_dependency.cuh"
 #include "kvq/cuda/traits/decode_smem.hpp"
 #include "kvq/cuda/traits/device_error.hpp"
 #include "kvq/cuda/traits/geometry.hpp"
@@ -682,6 +683,8 @@ __device__ __forceinline__ void merge_split_row(const KP& a, std::size_t item, f
 template <class KP>
 __global__ void __launch_bounds__(128) split_merge_kernel(KP a) {
   __shared__ float scratch[4][KP::source_type::D];
+  wait_for_prior_grids();  // the decode grid's partials
+  allow_dependent_grids();
   const int w = threadIdx.x / 32;
   const std::size_t item = std::size_t(blockIdx.x) * 4 + w;
   if (item >= std::size_t(a.total_q) * a.p.num_qo_heads) return;
@@ -776,6 +779,7 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
   int* limit_s = reinterpret_cast<int*>(smem + S.limit_off());
 
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  wait_for_prior_grids();  // queries, page table and cache may come from the previous kernels
   const RowTile tile = row_tile(a, R);
   if (tile.rows == 0) return;  // CTA-uniform: this tile has no rows
 
@@ -850,6 +854,7 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
     __syncwarp();
   }
   warp::copy_wait<0>();
+  allow_dependent_grids();  // what is left is the merge of the warps (and splits)
 
   // 3. Merge the lanes, then publish the warp's state for write_rows.
 #pragma unroll

@@ -57,6 +57,7 @@
 #include <utility>
 
 #include "kvq/cuda/kernel/decode.cuh"
+#include "kvq/cuda/kernel/grid_dependency.cuh"
 #include "kvq/cuda/traits/decode_smem.hpp"
 #include "kvq/cuda/traits/geometry.hpp"
 #include "kvq/cuda/traits/tensor_core.hpp"
@@ -444,6 +445,7 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
   float4* bias_s = reinterpret_cast<float4*>(smem + S.frag_off() + Cfg::kBiasOff);
 
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  wait_for_prior_grids();  // queries, page table and cache may come from the previous kernels
   const RowTile tile = row_tile(a, R);
   if (tile.rows == 0) return;  // CTA-uniform
 
@@ -626,6 +628,7 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
     __syncwarp();
   }
   warp::copy_wait<0>();
+  allow_dependent_grids();  // what is left is the merge of the warps (and splits)
 
   // 3. l and Σ p·lo are per-lane partials over the lane's tokens; Oᵀ is complete per warp.
 #pragma unroll

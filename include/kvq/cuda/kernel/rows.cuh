@@ -12,6 +12,7 @@
 #include "kvq/attention/softmax.hpp"
 #include "kvq/core/quantizer.hpp"
 #include "kvq/cuda/config.cuh"
+#include "kvq/cuda/kernel/grid_dependency.cuh"
 #include "kvq/cuda/traits/device_error.hpp"
 #include "kvq/cuda/traits/geometry.hpp"
 #include "kvq/cuda/traits/rotate_op.hpp"
@@ -161,6 +162,8 @@ __global__ void __launch_bounds__(kRowWarpsPerBlock * 32) append_kernel(Args a, 
   constexpr Policy P = Args::kPolicy;
   constexpr int D = P.head_dim, E = D / 32;
   __shared__ float smem[kRowWarpsPerBlock][2][D];
+  wait_for_prior_grids();  // the rows may come from the previous kernel
+  allow_dependent_grids();
   const int w = threadIdx.x / 32;
   const int hkv = a.cache.layout.num_kv_heads;
   // Item (token i, head h[, part]): with 2 parts (append_parts) part 0 is the key row and
@@ -215,6 +218,8 @@ __global__ void __launch_bounds__(kRowWarpsPerBlock * 32) dequantize_kernel(Args
   constexpr Policy P = Args::kPolicy;
   constexpr int D = P.head_dim, E = D / 32;
   __shared__ float smem[kRowWarpsPerBlock][D];
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int w = threadIdx.x / 32;
   const int hkv = a.cache.layout.num_kv_heads;
   const long long item = static_cast<long long>(blockIdx.x) * kRowWarpsPerBlock + w;
@@ -246,6 +251,8 @@ __global__ void __launch_bounds__(kRowWarpsPerBlock * 32) rotate_kernel(Args a) 
   constexpr Policy P = Args::kPolicy;
   constexpr int D = P.head_dim, E = D / 32;
   __shared__ float smem[kRowWarpsPerBlock][D];
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const int w = threadIdx.x / 32;
   const long long item = static_cast<long long>(blockIdx.x) * kRowWarpsPerBlock + w;
   if (item >= static_cast<long long>(a.num_rows) * a.num_heads) return;
@@ -268,6 +275,8 @@ template <ActivationType T>
 __global__ void __launch_bounds__(kRowWarpsPerBlock * 32)
     merge_states_kernel(const T* o1, const float* lse1, const T* o2, const float* lse2, int rows, int dim, T* out,
                         float* lse_out) {
+  wait_for_prior_grids();
+  allow_dependent_grids();
   const long long row = static_cast<long long>(blockIdx.x) * kRowWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
   float w1, w2;

@@ -11,6 +11,15 @@
 //
 // Launchers take the engine's stream (kvq::cuda::Stream is cudaStream_t), allocate
 // nothing, never synchronize, and return a Status (cuda_error for launch failures).
+// `launch_with_pdl` (default off) launches with programmatic dependent launch on devices
+// of compute capability 9+ whose code was compiled for sm_90 or newer (ignored elsewhere):
+// the kernel may then start while the previous kernel in the stream still runs, and its
+// launch and block scheduling overlap that kernel's tail. Every kvq kernel waits for the
+// previous grid's completion before it reads global memory (kernel/grid_dependency.cuh),
+// so any launcher may take it after any kernel; a kernel of the engine launched with PDL
+// after a kvq one must itself wait (cudaGridDependencySynchronize) before reading kvq's
+// outputs. Example, one decode step: append_kv(…, stream, true) then
+// decode_attention(…, stream, true).
 #pragma once
 
 #include <cstddef>
@@ -308,19 +317,19 @@ std::size_t decode_workspace_bytes(const Args& a) {
 // ---- launchers (defined in kvq/cuda/launch/launch.cuh) -------------------------------
 
 template <Policy P, ActivationType T>
-Status append_kv(const AppendArgs<P, T>& args, Stream stream);
+Status append_kv(const AppendArgs<P, T>& args, Stream stream, bool launch_with_pdl = false);
 
 template <Policy P, ActivationType T>
-Status dequantize_kv(const DequantizeArgs<P, T>& args, Stream stream);
+Status dequantize_kv(const DequantizeArgs<P, T>& args, Stream stream, bool launch_with_pdl = false);
 
 template <Policy P, ActivationType T>
-Status rotate_rows(const RotateArgs<P, T>& args, Stream stream);
+Status rotate_rows(const RotateArgs<P, T>& args, Stream stream, bool launch_with_pdl = false);
 
 template <Policy P, ActivationType QT, ActivationType OT>
-Status decode_attention(const DecodeArgs<P, QT, OT>& args, Stream stream);
+Status decode_attention(const DecodeArgs<P, QT, OT>& args, Stream stream, bool launch_with_pdl = false);
 
 template <ActivationType T, int D, ActivationType QT, ActivationType OT>
-Status dense_decode_attention(const DenseDecodeArgs<T, D, QT, OT>& args, Stream stream);
+Status dense_decode_attention(const DenseDecodeArgs<T, D, QT, OT>& args, Stream stream, bool launch_with_pdl = false);
 
 // CTAs of the kernel a decode call would launch that fit one SM of the current device
 // (cudaOccupancyMaxActiveBlocksPerMultiprocessor), for suggest_num_splits. Only the
@@ -334,6 +343,6 @@ Status decode_ctas_per_sm(const DenseDecodeArgs<T, D, QT, OT>& args, int& ctas);
 //   o1, o2, out : [rows, dim] of T (out may alias o1 or o2); lse: [rows] fp32
 template <ActivationType T>
 Status merge_states(const T* o1, const float* lse1, const T* o2, const float* lse2, int rows, int dim, T* out,
-                    float* lse_out, Stream stream);
+                    float* lse_out, Stream stream, bool launch_with_pdl = false);
 
 }  // namespace kvq::cuda

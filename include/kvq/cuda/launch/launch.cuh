@@ -9,6 +9,7 @@
 #include "kvq/cuda/config.cuh"
 #include "kvq/cuda/kernel/decode.cuh"
 #include "kvq/cuda/kernel/decode_mma.cuh"
+#include "kvq/cuda/kernel/grid_dependency.cuh"
 #include "kvq/cuda/kernel/rows.cuh"
 #include "kvq/cuda/launch/api.hpp"
 #include "kvq/cuda/launch/plan.hpp"
@@ -19,19 +20,61 @@ namespace detail {
 
 inline dim3 to_dim3(Dim3 d) { return dim3(d.x, d.y, d.z); }
 
-// Launches one decode kernel over plan.grid, then the split merge when there are splits
-// that the kernel does not merge itself.
-template <class KP>
-Status launch_decode_kernel(void (*kern)(KP), int threads, std::size_t smem, const KP& kp, const DecodePlan& plan,
-                            Stream stream) {
+// Whether this translation unit's kernels contain the grid-dependency wait
+// (kernel/grid_dependency.cuh): some architecture it compiles is sm_90 or newer. A device
+// of compute capability 9+ then runs that code (SASS, or PTX of compute_90+), never a JIT
+// of older PTX, which has no wait and must not be launched with PDL.
+constexpr bool pdl_compiled() {
+#ifdef __CUDA_ARCH_LIST__
+  constexpr int archs[] = {__CUDA_ARCH_LIST__};
+  for (int arch : archs)
+    if (arch >= 900) return true;
+#endif
+  return false;
+}
+
+// PDL where it was asked for and the current device has it (compute capability 9+).
+inline Status use_pdl(bool asked, bool& use) {
+  use = false;
+  if (!asked || !pdl_compiled()) return {};
+  int dev = 0, major = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&dev));
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  use = major >= 9;
+  return {};
+}
+
+// kern<<<grid, threads, smem, stream>>>(args...), with programmatic dependent launch when
+// `pdl` (already checked by use_pdl): the grid may then start before the previous one in
+// the stream has finished; kvq kernels wait for it before their first global read.
+template <class... Params, class... Args>
+Status launch_kernel(void (*kern)(Params...), dim3 grid, int threads, std::size_t smem, Stream stream, bool pdl,
+                     const Args&... args) {
   if (smem > 48 * 1024)
     KVQ_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kern<<<to_dim3(plan.grid), threads, smem, stream>>>(kp);
-  KVQ_CUDA_CHECK(cudaGetLastError());
-  if (kp.num_splits > 1 && !kp.split_counters) {
-    kernel::split_merge_kernel<KP><<<to_dim3(plan.merge_grid), plan.merge_block, 0, stream>>>(kp);
-    KVQ_CUDA_CHECK(cudaGetLastError());
-  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = pdl ? attr : nullptr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  KVQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, args...));
+  return {};
+}
+
+// Launches one decode kernel over plan.grid, then the split merge when there are splits
+// that the kernel does not merge itself (with PDL as well: it waits for the decode grid).
+template <class KP>
+Status launch_decode_kernel(void (*kern)(KP), int threads, std::size_t smem, const KP& kp, const DecodePlan& plan,
+                            Stream stream, bool pdl) {
+  KVQ_RETURN_IF_ERROR(launch_kernel(kern, to_dim3(plan.grid), threads, smem, stream, pdl, kp));
+  if (kp.num_splits > 1 && !kp.split_counters)
+    return launch_kernel(&kernel::split_merge_kernel<KP>, to_dim3(plan.merge_grid), plan.merge_block, 0, stream, pdl,
+                         kp);
   return {};
 }
 
@@ -74,11 +117,14 @@ DecodeLaunch<KP> select_decode_kernel(const DecodePlan& plan, DecodePrecision pr
 }
 
 template <class KP, bool kTensorCoreOk>
-Status launch_decode(const KP& kp, const DecodePlan& plan, DecodePrecision precision, Stream stream) {
+Status launch_decode(const KP& kp, const DecodePlan& plan, DecodePrecision precision, Stream stream,
+                     bool launch_with_pdl) {
   const DecodeLaunch<KP> l = select_decode_kernel<KP, kTensorCoreOk>(plan, precision);
   if (!l.kernel)
     return {StatusCode::unsupported, "cuda attention: no kernel for " + std::to_string(plan.rows) + " rows per CTA"};
-  return launch_decode_kernel(l.kernel, l.threads, l.smem, kp, plan, stream);
+  bool pdl = false;
+  KVQ_RETURN_IF_ERROR(use_pdl(launch_with_pdl, pdl));
+  return launch_decode_kernel(l.kernel, l.threads, l.smem, kp, plan, stream, pdl);
 }
 
 template <class KP, bool kTensorCoreOk>
@@ -92,54 +138,55 @@ Status ctas_per_sm(const DecodePlan& plan, DecodePrecision precision, int& ctas)
   return {};
 }
 
+// One warp per item (row_grid).
+template <class... Params, class... Args>
+Status launch_rows(void (*kern)(Params...), long long items, Stream stream, bool launch_with_pdl, const Args&... args) {
+  if (items == 0) return {};
+  bool pdl = false;
+  KVQ_RETURN_IF_ERROR(use_pdl(launch_with_pdl, pdl));
+  return launch_kernel(kern, to_dim3(row_grid(items)), kRowWarpsPerBlock * 32, 0, stream, pdl, args...);
+}
+
 }  // namespace detail
 
 template <Policy P, ActivationType T>
-Status append_kv(const AppendArgs<P, T>& a, Stream stream) {
+Status append_kv(const AppendArgs<P, T>& a, Stream stream, bool launch_with_pdl) {
   KVQ_RETURN_IF_ERROR(validate(a));
   const int parts = append_parts(a.num_tokens, a.cache.layout.num_kv_heads);
-  const long long items = append_items(a.num_tokens, a.cache.layout.num_kv_heads, parts);
-  if (items == 0) return {};
-  kernel::append_kernel<std::decay_t<decltype(a)>>
-      <<<detail::to_dim3(row_grid(items)), kRowWarpsPerBlock * 32, 0, stream>>>(a, parts);
-  KVQ_CUDA_CHECK(cudaGetLastError());
-  return {};
+  return detail::launch_rows(&kernel::append_kernel<AppendArgs<P, T>>,
+                             append_items(a.num_tokens, a.cache.layout.num_kv_heads, parts), stream, launch_with_pdl,
+                             a, parts);
 }
 
 template <Policy P, ActivationType T>
-Status dequantize_kv(const DequantizeArgs<P, T>& a, Stream stream) {
+Status dequantize_kv(const DequantizeArgs<P, T>& a, Stream stream, bool launch_with_pdl) {
   KVQ_RETURN_IF_ERROR(validate(a));
-  const long long items = static_cast<long long>(a.num_tokens) * a.cache.layout.num_kv_heads;
-  if (items == 0) return {};
-  kernel::dequantize_kernel<std::decay_t<decltype(a)>><<<detail::to_dim3(row_grid(items)), kRowWarpsPerBlock * 32, 0, stream>>>(a);
-  KVQ_CUDA_CHECK(cudaGetLastError());
-  return {};
+  return detail::launch_rows(&kernel::dequantize_kernel<DequantizeArgs<P, T>>,
+                             static_cast<long long>(a.num_tokens) * a.cache.layout.num_kv_heads, stream,
+                             launch_with_pdl, a);
 }
 
 template <Policy P, ActivationType T>
-Status rotate_rows(const RotateArgs<P, T>& a, Stream stream) {
+Status rotate_rows(const RotateArgs<P, T>& a, Stream stream, bool launch_with_pdl) {
   KVQ_RETURN_IF_ERROR(validate(a));
-  const long long items = static_cast<long long>(a.num_rows) * a.num_heads;
-  if (items == 0) return {};
-  kernel::rotate_kernel<std::decay_t<decltype(a)>><<<detail::to_dim3(row_grid(items)), kRowWarpsPerBlock * 32, 0, stream>>>(a);
-  KVQ_CUDA_CHECK(cudaGetLastError());
-  return {};
+  return detail::launch_rows(&kernel::rotate_kernel<RotateArgs<P, T>>,
+                             static_cast<long long>(a.num_rows) * a.num_heads, stream, launch_with_pdl, a);
 }
 
 template <Policy P, ActivationType QT, ActivationType OT>
-Status decode_attention(const DecodeArgs<P, QT, OT>& a, Stream stream) {
+Status decode_attention(const DecodeArgs<P, QT, OT>& a, Stream stream, bool launch_with_pdl) {
   DecodePlan plan;
   KVQ_RETURN_IF_ERROR(validate(a, plan));
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
   const kernel::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
   const auto kp = kernel::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles,
                                              a.total_q, a.workspace, a.error_flags, plan.merge_grid.x == 0);
-  return detail::launch_decode<std::decay_t<decltype(kp)>, DecodeArgs<P, QT, OT>::kTensorCoreOk>(kp, plan, a.precision,
-                                                                                                 stream);
+  return detail::launch_decode<std::decay_t<decltype(kp)>, DecodeArgs<P, QT, OT>::kTensorCoreOk>(
+      kp, plan, a.precision, stream, launch_with_pdl);
 }
 
 template <ActivationType T, int D, ActivationType QT, ActivationType OT>
-Status dense_decode_attention(const DenseDecodeArgs<T, D, QT, OT>& a, Stream stream) {
+Status dense_decode_attention(const DenseDecodeArgs<T, D, QT, OT>& a, Stream stream, bool launch_with_pdl) {
   DecodePlan plan;
   KVQ_RETURN_IF_ERROR(validate(a, plan));
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
@@ -148,7 +195,7 @@ Status dense_decode_attention(const DenseDecodeArgs<T, D, QT, OT>& a, Stream str
                                              plan.row_tiles, a.total_q, a.workspace, a.error_flags,
                                              plan.merge_grid.x == 0);
   return detail::launch_decode<std::decay_t<decltype(kp)>, DenseDecodeArgs<T, D, QT, OT>::kTensorCoreOk>(
-      kp, plan, a.precision, stream);
+      kp, plan, a.precision, stream, launch_with_pdl);
 }
 
 template <Policy P, ActivationType QT, ActivationType OT>
@@ -169,15 +216,13 @@ Status decode_ctas_per_sm(const DenseDecodeArgs<T, D, QT, OT>& a, int& ctas) {
 
 template <ActivationType T>
 Status merge_states(const T* o1, const float* lse1, const T* o2, const float* lse2, int rows, int dim, T* out,
-                    float* lse_out, Stream stream) {
+                    float* lse_out, Stream stream, bool launch_with_pdl) {
   using enum StatusCode;
   KVQ_CHECK_ARG(rows >= 0 && dim >= 1, invalid_argument, "cuda merge_states: rows >= 0 and dim >= 1 required");
   if (rows == 0) return {};
   KVQ_CHECK_ARG(o1 && lse1 && o2 && lse2 && out && lse_out, invalid_argument, "cuda merge_states: null pointer");
-  kernel::merge_states_kernel<T><<<detail::to_dim3(row_grid(rows)), kRowWarpsPerBlock * 32, 0, stream>>>(
-      o1, lse1, o2, lse2, rows, dim, out, lse_out);
-  KVQ_CUDA_CHECK(cudaGetLastError());
-  return {};
+  return detail::launch_rows(&kernel::merge_states_kernel<T>, rows, stream, launch_with_pdl, o1, lse1, o2, lse2, rows,
+                             dim, out, lse_out);
 }
 
 }  // namespace kvq::cuda
