@@ -301,11 +301,10 @@ struct Int8Query {
   // d ≤ 128, 4-bit at d 64), all chunks go into one int16 sum and the fp32 factors are
   // applied to 8 lanes instead of 16 (a summation order only); where those 8 lanes hold
   // one group per half or per lane pair, the epilogues below apply them per group.
-  static constexpr bool kFold8 = [] {
-    if (kAccLanes != 16) return false;
-    for (int lane = 0; lane < 8; ++lane)
-      if (kLaneGroup[lane] != kLaneGroup[lane + 8]) return false;
-    return true;
+  static constexpr bool kFold8 = [] {  // (no early return: nvcc warns of unreachable loops)
+    bool same = kAccLanes == 16;
+    for (int lane = 0; same && lane < 8; ++lane) same = kLaneGroup[lane] == kLaneGroup[lane + 8];
+    return same;
   }();
   // Otherwise, where each 128-bit half of the accumulators is one group (groups of ≥ 16
   // bytes: 4-bit keys at d 128 and 256), the four lanes of a half are added in int32
@@ -324,10 +323,9 @@ struct Int8Query {
   // keys at d 64 and 128): one vphaddd of two tokens' sums leaves one (token, pair) per
   // lane, and the fp32 factors take 4 vectors per row and 8 tokens instead of 8.
   static constexpr bool kPairGroups = [] {
-    if (!kFold8 || kHalfGroups || 2 * kGroups > 8) return false;
-    for (int lane = 0; lane < 8; ++lane)
-      if (kLaneGroup[lane] != kLaneGroup[lane / 2 * 2]) return false;
-    return true;
+    bool pairs = kFold8 && !kHalfGroups && 2 * kGroups <= 8;
+    for (int lane = 0; pairs && lane < 8; ++lane) pairs = kLaneGroup[lane] == kLaneGroup[lane / 2 * 2];
+    return pairs;
   }();
   // Per row, the factors of the half-group and pair-group epilogues, derived from sigma,
   // residual and group_sum by set_row (the same sums; computed in each score_block call
