@@ -618,38 +618,53 @@ __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S,
   return __ballot_sync(KVQ_FULL_MASK, my_page >= 0);
 }
 
-// Joins the split partials of output row `item` (query row × Hq + query head) with one
-// warp: o = Σ_s e^{lse_s − M}·o_s / Σ_s e^{lse_s − M}, then R_Vᵀ and ν unless
-// rotated_output. The partials may come from other CTAs of the same launch: they are
-// read past L1 (ld.global.cg). Splits are taken in order (the sums do not depend on the
-// unrolling); the loop has no branches, so the loads of several splits are in flight at
-// once (at 1×32K, 57 splits, one L2 round trip per split cost ~8 of 45 µs on the H200;
-// the last CTA's merge is on the kernel's critical path). 64/E splits, 64 floats a lane,
-// in flight.
-template <class KP>
-__device__ __forceinline__ void merge_split_row(const KP& a, std::size_t item, float* scratch) {
+// Joins the split partials of output rows items[0 … n) (query row × Hq + query head) with
+// one warp: o = Σ_s e^{lse_s − M}·o_s / Σ_s e^{lse_s − M}, then R_Vᵀ and ν unless
+// rotated_output; scratch[r]: D floats of shared memory per row. The partials may come
+// from other CTAs of the same launch: they are read past L1 (ld.global.cg). The merge
+// is a chain of L2 round trips on the kernel's critical path (the last split CTA's, at
+// small batches: at 1×32K, 57 splits, one round trip per split cost ~8 of 45 µs on the
+// H200), so the loads are batched: the maxima's loads of all rows are in flight together
+// (unrolled by 4 splits), then the partial rows of kInFlight splits of every row at once
+// (64 floats a lane in all, no branches in the loop). Splits are taken in order per row:
+// the sums do not depend on the batching or on how many rows a warp merges.
+template <class KP, int kRows>
+__device__ __forceinline__ void merge_split_rows(const KP& a, const std::size_t* items, int n, float* const* scratch) {
   using Src = typename KP::source_type;
   constexpr int D = Src::D, E = D / 32;
+  constexpr int kInFlight = 64 / E / kRows > 0 ? 64 / E / kRows : 1;  // splits per row loaded together
+  if (n <= 0) return;  // warp-uniform
   const int lane = threadIdx.x & 31;
   const int hq = a.p.num_qo_heads;
   const std::size_t rows = std::size_t(a.total_q) * hq;
-  const int h = static_cast<int>(item % hq) / (hq / a.src.num_kv_heads());
-  float M = neg_inf_f();
-  for (int s = lane; s < a.num_splits; s += 32) M = warp::fmax_nan(M, __ldcg(a.partial_lse + s * rows + item));
-  M = warp::max_nan(M);
-  float x[E];
+  // Rows past n read row 0's partials (no branch in the loops) and are not written.
+  std::size_t src[kRows];
+  float M[kRows], L[kRows], x[kRows][E];
 #pragma unroll
-  for (int k = 0; k < E; ++k) x[k] = 0.f;
-  float L = 0.f;
-  if (M != neg_inf_f()) {
-    for (int s0 = 0; s0 < a.num_splits; s0 += 32) {
-      const int n = a.num_splits - s0 < 32 ? a.num_splits - s0 : 32;
-      const float lse_lane = lane < n ? __ldcg(a.partial_lse + (s0 + lane) * rows + item) : neg_inf_f();
-      [[maybe_unused]] constexpr int kInFlight = 64 / E;  // splits whose partial rows are loaded together
+  for (int r = 0; r < kRows; ++r) {
+    src[r] = r < n ? items[r] : items[0];
+    M[r] = neg_inf_f(), L[r] = 0.f;
+#pragma unroll
+    for (int k = 0; k < E; ++k) x[r][k] = 0.f;
+  }
+#pragma unroll 4
+  for (int s = lane; s < a.num_splits; s += 32)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) M[r] = warp::fmax_nan(M[r], __ldcg(a.partial_lse + s * rows + src[r]));
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) M[r] = warp::max_nan(M[r]);
+  for (int s0 = 0; s0 < a.num_splits; s0 += 32) {
+    const int m = a.num_splits - s0 < 32 ? a.num_splits - s0 : 32;
+    float lse_lane[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      lse_lane[r] = lane < m ? __ldcg(a.partial_lse + (s0 + lane) * rows + src[r]) : neg_inf_f();
 #pragma unroll kInFlight
-      for (int k = 0; k < n; ++k) {
-        const float ls = __shfl_sync(KVQ_FULL_MASK, lse_lane, k);
-        const float* o = a.partial_o + ((s0 + k) * rows + item) * D + lane * E;
+    for (int k = 0; k < m; ++k) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float ls = __shfl_sync(KVQ_FULL_MASK, lse_lane[r], k);
+        const float* o = a.partial_o + ((s0 + k) * rows + src[r]) * D + lane * E;
         float ok[E];
         if constexpr (E % 4 == 0) {
 #pragma unroll
@@ -661,22 +676,28 @@ __device__ __forceinline__ void merge_split_row(const KP& a, std::size_t item, f
 #pragma unroll
           for (int i = 0; i < E; ++i) ok[i] = __ldcg(o + i);
         }
-        // An empty split (lse −∞) adds nothing, whatever its partial holds.
+        // An empty split (lse −∞) adds nothing, whatever its partial holds (M = −∞: all).
         const bool live = ls != neg_inf_f();
-        const float wgt = expf(ls - M);
-        L = live ? L + wgt : L;
+        const float wgt = expf(ls - M[r]);
+        L[r] = live ? L[r] + wgt : L[r];
 #pragma unroll
-        for (int i = 0; i < E; ++i) x[i] = live ? fmaf(wgt, ok[i], x[i]) : x[i];
+        for (int i = 0; i < E; ++i) x[r][i] = live ? fmaf(wgt, ok[i], x[r][i]) : x[r][i];
       }
     }
   }
-  const bool empty = M == neg_inf_f() || L == 0.f;
-  const float inv_l = empty ? 0.f : 1.f / L;
 #pragma unroll
-  for (int k = 0; k < E; ++k) x[k] *= inv_l;
-  if (!empty && !a.p.rotated_output) a.src.finish(x, h, a.rotation, scratch);
-  warp::store_row<D>(a.p.out + item * D, x);
-  if (lane == 0 && a.p.lse) a.p.lse[item] = empty ? neg_inf_f() : M + logf(L);
+  for (int r = 0; r < kRows; ++r) {
+    if (r >= n) break;  // warp-uniform
+    const std::size_t item = items[r];
+    const int h = static_cast<int>(item % hq) / (hq / a.src.num_kv_heads());
+    const bool empty = M[r] == neg_inf_f() || L[r] == 0.f;
+    const float inv_l = empty ? 0.f : 1.f / L[r];
+#pragma unroll
+    for (int k = 0; k < E; ++k) x[r][k] *= inv_l;
+    if (!empty && !a.p.rotated_output) a.src.finish(x[r], h, a.rotation, scratch[r]);
+    warp::store_row<D>(a.p.out + item * D, x[r]);
+    if (lane == 0 && a.p.lse) a.p.lse[item] = empty ? neg_inf_f() : M[r] + logf(L[r]);
+  }
 }
 
 // The split merge as its own launch (after the CUDA-core kernel): one warp per row.
@@ -688,13 +709,15 @@ __global__ void __launch_bounds__(128) split_merge_kernel(KP a) {
   const int w = threadIdx.x / 32;
   const std::size_t item = std::size_t(blockIdx.x) * 4 + w;
   if (item >= std::size_t(a.total_q) * a.p.num_qo_heads) return;
-  merge_split_row(a, item, scratch[w]);
+  float* const row_scratch = scratch[w];
+  merge_split_rows<KP, 1>(a, &item, 1, &row_scratch);
 }
 
 // The split merge inside the decode kernel (split_counters set): after its partials are
 // written, each split CTA of a tile counts its arrival; the last one merges the tile's
-// rows and resets the counter for the next launch.
-template <class KP, int NW>
+// rows (warp w: rows w, w + NW, …, merged together) and resets the counter for the next
+// launch. scratch: [R][D] floats.
+template <class KP, int R, int NW>
 __device__ __forceinline__ void merge_if_last_split(const KP& a, const RowTile& t, float* scratch) {
   __shared__ int last_s;
   __threadfence();  // this CTA's partials are visible device-wide before its arrival counts
@@ -708,11 +731,20 @@ __device__ __forceinline__ void merge_if_last_split(const KP& a, const RowTile& 
   __syncthreads();
   if (!last_s) return;
   __threadfence();
-  constexpr int D = KP::source_type::D;
-  for (int rr = threadIdx.x / 32; rr < t.rows; rr += NW) {
+  constexpr int D = KP::source_type::D, kRows = (R + NW - 1) / NW;
+  const int w = threadIdx.x / 32;
+  std::size_t items[kRows];
+  float* rows_scratch[kRows];
+  int n = 0;
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    const int rr = w + k * NW;
     const int i = (t.r0 + rr) / t.group, j = t.h * t.group + (t.r0 + rr) % t.group;
-    merge_split_row(a, std::size_t(t.q0 + i) * t.hq + j, scratch + rr * D);
+    items[k] = std::size_t(t.q0 + i) * t.hq + j;
+    rows_scratch[k] = scratch + rr * D;
+    n += rr < t.rows;
   }
+  merge_split_rows<KP, kRows>(a, items, n, rows_scratch);
 }
 
 // Phase 4: joins the NW warp states acc [NW][R][D], m [NW][R], l [NW][R] (at the start
@@ -760,7 +792,7 @@ __device__ __forceinline__ void write_rows(const KP& a, const RowTile& t, std::b
     }
   }
   if constexpr (kMergeInKernel)
-    if (a.num_splits > 1 && a.split_counters) merge_if_last_split<KP, NW>(a, t, q_s);
+    if (a.num_splits > 1 && a.split_counters) merge_if_last_split<KP, R, NW>(a, t, q_s);
 }
 
 // ---- the CUDA-core kernel ---------------------------------------------------------------
