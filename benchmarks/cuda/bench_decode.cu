@@ -255,6 +255,13 @@ std::vector<std::byte> random_page(const DensePageLayout<PT, kD>& layout) {
   return page;
 }
 
+// tab.num_pages copies of one random page of `layout` (nullptr when allocation or fill fails).
+template <class Layout>
+std::byte* random_pool(Dev& dev, const Table& tab, const Layout& layout) {
+  auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
+  return pool && fill_pool(pool, random_page(layout), tab.num_pages) ? pool : nullptr;
+}
+
 // Queries, outputs (of the arguments' activation type) and split workspace of one decode step.
 template <class Args>
 bool setup_decode(Dev& dev, Args& a, int batch, int ctx) {
@@ -308,9 +315,8 @@ void BM_Decode(benchmark::State& state) {
   Table tab;
   if (!tab.init(dev, batch, ctx)) return state.SkipWithError("allocation failed");
   const PageLayout<P> layout{kPage, kHkv};
-  auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
-  if (!pool) return state.SkipWithError("cudaMalloc failed (pool)");
-  if (!fill_pool(pool, random_page(layout), tab.num_pages)) return state.SkipWithError("pool fill failed");
+  std::byte* pool = random_pool(dev, tab, layout);
+  if (!pool) return state.SkipWithError("pool allocation or fill failed");
   cuda::DecodeArgs<P, T, T> a;
   a.cache = {pool, tab.num_pages, layout};
   a.table = tab.view;
@@ -332,9 +338,8 @@ void BM_Decode16(benchmark::State& state) {
   Table tab;
   if (!tab.init(dev, batch, ctx)) return state.SkipWithError("allocation failed");
   const DensePageLayout<PT, kD> layout{kPage, kHkv};
-  auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
-  if (!pool) return state.SkipWithError("cudaMalloc failed (pool)");
-  if (!fill_pool(pool, random_page(layout), tab.num_pages)) return state.SkipWithError("pool fill failed");
+  std::byte* pool = random_pool(dev, tab, layout);
+  if (!pool) return state.SkipWithError("pool allocation or fill failed");
   cuda::DenseDecodeArgs<PT, kD, PT, PT> a;
   a.pool = pool;
   a.num_pages = tab.num_pages;
@@ -349,6 +354,35 @@ void BM_Decode16(benchmark::State& state) {
   state.counters["graph_us"] = graph_us([&](cudaStream_t s) { (void)cuda::dense_decode_attention(a, s); });
 }
 
+// The append of one new row for each of the table's sequences, at `position`, into
+// `pool`: random N(0, 1) rows (constant ones would make every group constant: one clip
+// round, codes 0).
+template <Policy P>
+bool setup_append(Dev& dev, cuda::AppendArgs<P, T>& a, std::byte* pool, const Table& tab, int position) {
+  const int batch = tab.view.batch_size;
+  auto* rows = dev.alloc<T>(std::size_t(batch) * kHkv * kD);
+  auto* bi = dev.alloc<std::int32_t>(batch);
+  auto* pos = dev.alloc<std::int32_t>(batch);
+  if (!pool || !rows || !bi || !pos) return false;
+  std::vector<std::int32_t> b(batch), p(batch, position);
+  std::iota(b.begin(), b.end(), 0);
+  std::vector<T> host_rows(std::size_t(batch) * kHkv * kD);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (auto& x : host_rows) x = T(normal(rng));
+  if (cudaMemcpy(bi, b.data(), batch * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaMemcpy(pos, p.data(), batch * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaMemcpy(rows, host_rows.data(), host_rows.size() * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess)
+    return false;
+  a.cache = {pool, tab.num_pages, PageLayout<P>{kPage, kHkv}};
+  a.table = tab.view;
+  a.keys = a.values = rows;
+  a.num_tokens = batch;
+  a.batch_indices = bi;
+  a.positions = pos;
+  return true;
+}
+
 // Fused quantize-append of `tokens` new tokens (decode step: one per sequence).
 template <Policy P>
 void BM_Append(benchmark::State& state) {
@@ -357,28 +391,9 @@ void BM_Append(benchmark::State& state) {
   Table tab;
   if (!tab.init(dev, tokens, 1)) return state.SkipWithError("allocation failed");
   const PageLayout<P> layout{kPage, kHkv};
-  auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
-  auto* rows = dev.alloc<T>(std::size_t(tokens) * kHkv * kD);
-  auto* bi = dev.alloc<std::int32_t>(tokens);
-  auto* pos = dev.alloc<std::int32_t>(tokens);
-  if (!pool || !rows || !bi || !pos) return state.SkipWithError("cudaMalloc failed");
-  std::vector<std::int32_t> b(tokens), p(tokens, 0);
-  std::iota(b.begin(), b.end(), 0);
-  cudaMemcpy(bi, b.data(), tokens * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(pos, p.data(), tokens * 4, cudaMemcpyHostToDevice);
-  // Random rows: constant ones would make every group constant (one clip round, codes 0).
-  std::vector<T> host_rows(std::size_t(tokens) * kHkv * kD);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal;
-  for (auto& x : host_rows) x = T(normal(rng));
-  BENCH_CUDA(cudaMemcpy(rows, host_rows.data(), host_rows.size() * sizeof(T), cudaMemcpyHostToDevice));
   cuda::AppendArgs<P, T> a;
-  a.cache = {pool, tab.num_pages, layout};
-  a.table = tab.view;
-  a.keys = a.values = rows;
-  a.num_tokens = tokens;
-  a.batch_indices = bi;
-  a.positions = pos;
+  if (!setup_append(dev, a, dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages), tab, 0))
+    return state.SkipWithError("setup failed");
   Status st;
   time_graph(state, [&](cudaStream_t s) { (void)(st = cuda::append_kv(a, s)); });
   if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
@@ -417,28 +432,10 @@ void BM_Step(benchmark::State& state) {
   Table tab;
   if (!tab.init(dev, batch, ctx)) return state.SkipWithError("allocation failed");
   const PageLayout<P> layout{kPage, kHkv};
-  auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
-  auto* rows = dev.alloc<T>(std::size_t(batch) * kHkv * kD);
-  auto* bi = dev.alloc<std::int32_t>(batch);
-  auto* pos = dev.alloc<std::int32_t>(batch);
-  if (!pool || !rows || !bi || !pos) return state.SkipWithError("cudaMalloc failed");
-  if (!fill_pool(pool, random_page(layout), tab.num_pages)) return state.SkipWithError("pool fill failed");
-  std::vector<std::int32_t> b(batch), p(batch, ctx - 1);
-  std::iota(b.begin(), b.end(), 0);
-  std::vector<T> host_rows(std::size_t(batch) * kHkv * kD);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal;
-  for (auto& x : host_rows) x = T(normal(rng));
-  BENCH_CUDA(cudaMemcpy(bi, b.data(), batch * 4, cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMemcpy(pos, p.data(), batch * 4, cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMemcpy(rows, host_rows.data(), host_rows.size() * sizeof(T), cudaMemcpyHostToDevice));
+  std::byte* pool = random_pool(dev, tab, layout);
+  if (!pool) return state.SkipWithError("pool allocation or fill failed");
   cuda::AppendArgs<P, T> ap;
-  ap.cache = {pool, tab.num_pages, layout};
-  ap.table = tab.view;
-  ap.keys = ap.values = rows;
-  ap.num_tokens = batch;
-  ap.batch_indices = bi;
-  ap.positions = pos;
+  if (!setup_append(dev, ap, pool, tab, ctx - 1)) return state.SkipWithError("setup failed");
   cuda::DecodeArgs<P, T, T> dc;
   dc.cache = {pool, tab.num_pages, layout};
   dc.table = tab.view;
