@@ -484,6 +484,12 @@ __device__ __forceinline__ RowTile row_tile(const KP& a, int R) {
   return t;
 }
 
+// The last key query token i of the tile sees (−1: none): i + offset, at most len − 1.
+__device__ __forceinline__ int last_visible_key(const RowTile& t, int i) {
+  const long long lim = static_cast<long long>(i) + t.offset;
+  return lim < 0 ? -1 : static_cast<int>(lim < t.len - 1 ? lim : t.len - 1);
+}
+
 // Phase 1: the R query rows, q' = q·R_K·τ·log₂e into q_s [R][D], Σq' per key group into
 // qsum_s [R][NK], τ·q·μ_K into shift_s [R], the last visible key into limit_s [R]
 // (−1 for padding rows, which are zero).
@@ -514,8 +520,7 @@ __device__ __forceinline__ void prepare_rows(const KP& a, const RowTile& t, floa
       if (lane % LPG == 0) qsum_s[rr * NK + lane / LPG] = part;
       if (lane == 0) {
         shift_s[rr] = a.tau * shift;
-        const long long lim = static_cast<long long>(i) + t.offset;
-        limit_s[rr] = lim < 0 ? -1 : static_cast<int>(lim < t.len - 1 ? lim : t.len - 1);
+        limit_s[rr] = last_visible_key(t, i);
       }
     } else {
 #pragma unroll
@@ -529,12 +534,10 @@ __device__ __forceinline__ void prepare_rows(const KP& a, const RowTile& t, floa
   }
 }
 
-// This split's key range [tb, te), cut at the last key any row may see.
-template <int R>
-__device__ __forceinline__ void split_range(const RowTile& t, int num_splits, const int* limit_s, int& tb, int& te) {
-  int max_limit = -1;
-#pragma unroll
-  for (int rr = 0; rr < R; ++rr) max_limit = limit_s[rr] > max_limit ? limit_s[rr] : max_limit;
+// This split's key range [tb, te), cut at the last key any row may see: the tile's last
+// query token's (last_visible_key grows with i), known before the rows are prepared.
+__device__ __forceinline__ void split_range(const RowTile& t, int num_splits, int& tb, int& te) {
+  const int max_limit = t.rows > 0 ? last_visible_key(t, (t.r0 + t.rows - 1) / t.group) : -1;
   tb = split_begin(t.len, num_splits, t.split);
   te = split_end(t.len, num_splits, t.split);
   te = te < max_limit + 1 ? te : max_limit + 1;
@@ -632,7 +635,7 @@ template <class KP, int kRows>
 __device__ __forceinline__ void merge_split_rows(const KP& a, const std::size_t* items, int n, float* const* scratch) {
   using Src = typename KP::source_type;
   constexpr int D = Src::D, E = D / 32;
-  constexpr int kInFlight = 64 / E / kRows > 0 ? 64 / E / kRows : 1;  // splits per row loaded together
+  [[maybe_unused]] constexpr int kInFlight = 64 / E / kRows > 0 ? 64 / E / kRows : 1;  // splits per row in flight
   if (n <= 0) return;  // warp-uniform
   const int lane = threadIdx.x & 31;
   const int hq = a.p.num_qo_heads;
@@ -821,7 +824,7 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
 
   // 2. This split's tokens.
   int tb, te;
-  split_range<R>(tile, a.num_splits, limit_s, tb, te);
+  split_range(tile, a.num_splits, tb, te);
 
   float m[R], l[R], acc[R][VD];
 #pragma unroll

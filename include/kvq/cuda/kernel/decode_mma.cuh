@@ -449,7 +449,25 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
   const RowTile tile = row_tile(a, R);
   if (tile.rows == 0) return;  // CTA-uniform
 
-  // 1. Query rows, then the B fragments of Q' in the permuted head-dim order, scaled by
+  // 1. This split's tokens: the first NS − 1 tiles of each warp's pipeline are issued
+  //    before the query rows are prepared, so that their loads (and the page-table reads)
+  //    overlap that preparation (at small batches a CTA streams only a few tiles).
+  int tb, te;
+  split_range(tile, a.num_splits, tb, te);
+  // NS-stage pipeline over this warp's tiles t0 = tb + 32·w, step 32·NW (the stage
+  // buffers lie apart from the query rows and fragments).
+  auto stage = [&](int i) { return smem + S.stage_off(w, i); };
+  PageAhead ahead;
+  ahead.start(a, tile, tb + 32 * w, te);
+  auto issue = [&](int i, int t_begin) -> unsigned {
+    return t_begin < te ? issue_tile<KP, Ops::kKeyLayout, Ops::kValueLayout, Ops::kZeroMissingValues>(
+                              a, S, tile, stage(i), t_begin, te, ahead.take(a, tile, t_begin, 32 * NW, te))
+                        : 0u;
+  };
+  warp::StageRing<NS> ring;
+  ring.start(issue, tb + 32 * w, 32 * NW);
+
+  // 2. Query rows, then the B fragments of Q' in the permuted head-dim order, scaled by
   //    2^-qexp so that max |Q'| lands in [2^13, 2^14) for fp16 operands (finite
   //    non-negative floats order like their bit patterns; bf16 has fp32's range).
   if (threadIdx.x == 0) *qmax_s = 0;
@@ -500,9 +518,7 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
     __syncthreads();
   }
 
-  // 2. This split's tokens. This lane's rows are 2t and 2t + 1.
-  int tb, te;
-  split_range<R>(tile, a.num_splits, limit_s, tb, te);
+  // 3. The token loop. This lane's rows are 2t and 2t + 1.
   const int lim[2] = {limit_s[2 * t], limit_s[2 * t + 1]};
   // Tiles that are whole and visible to every real row need no masking. Padding rows
   // (B columns of zeros) are then left unmasked: their logits are 0 (or NaN with NaN key
@@ -526,17 +542,6 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
 #pragma unroll
   for (int gv = 0; gv < NV; ++gv) olo[0][gv] = olo[1][gv] = 0.f;
 
-  // NS-stage pipeline over this warp's tiles t0 = tb + 32·w, step 32·NW.
-  auto stage = [&](int i) { return smem + S.stage_off(w, i); };
-  PageAhead ahead;
-  ahead.start(a, tile, tb + 32 * w, te);
-  auto issue = [&](int i, int t_begin) -> unsigned {
-    return t_begin < te ? issue_tile<KP, Ops::kKeyLayout, Ops::kValueLayout, Ops::kZeroMissingValues>(
-                              a, S, tile, stage(i), t_begin, te, ahead.take(a, tile, t_begin, 32 * NW, te))
-                        : 0u;
-  };
-  warp::StageRing<NS> ring;
-  ring.start(issue, tb + 32 * w, 32 * NW);
   for (int t0 = tb + 32 * w; t0 < te; t0 += 32 * NW) {
     unsigned vcur = 0;
     const std::byte* st = stage(ring.next(issue, t0 + 32 * NW * (NS - 1), vcur));
@@ -630,7 +635,7 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
   warp::copy_wait<0>();
   allow_dependent_grids();  // what is left is the merge of the warps (and splits)
 
-  // 3. l and Σ p·lo are per-lane partials over the lane's tokens; Oᵀ is complete per warp.
+  // 4. l and Σ p·lo are per-lane partials over the lane's tokens; Oᵀ is complete per warp.
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     l[j] = sum_over_tokens(l[j]);
@@ -658,7 +663,7 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW 
   }
   __syncthreads();
 
-  // 4. Normalize and write.
+  // 5. Normalize and write.
   write_rows<KP, R, NW, true>(a, tile, smem, q_s, shift_s);
 }
 
