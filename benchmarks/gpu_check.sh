@@ -10,15 +10,15 @@
 #       libbenchmark and ../shared/bench/torch_sdpa_peer.py into DIR (default
 #       build-gpu/stage, a few MiB).
 #   benchmarks/gpu_check.sh [DIR]             on the GPU machine: host and device tests,
-#       bench_cuda_decode, the torch peer, two Nsight Compute profiles (sections and stall
-#       reasons), one table per shape (µs, GB/s on packed bytes, % of the device copy, ×
+#       bench_cuda_decode, the torch peer, three Nsight Compute profiles (sections and stall
+#       reasons; K4V2 and fp16 pages at 16 x 32K, K4V2 at 1 x 32K), one table per shape (µs, GB/s on packed bytes, % of the device copy, ×
 #       over torch's BF16 SDPA, all from this run; appends as % of a decode step, and
 #       append + decode steps with and without programmatic dependent launch), then
 #       compute-sanitizer memcheck and racecheck on a subset, and the table again. Logs, JSON
 #       and the profiles go to $KVQ_GPU_CHECK_OUT (default $OUT, else /tmp)/kvq_gpu_check:
 #       summary.txt, bench.json, peer.json, ptxas.txt and tests.log as files, everything else
 #       (bench.txt, peer.txt, sanitizer logs, Nsight Compute output) in extras.tgz.
-#       KVQ_GPU_CHECK_SASS=1 adds ncu's per-SASS-instruction stall samples of the two
+#       KVQ_GPU_CHECK_SASS=1 adds ncu's per-SASS-instruction stall samples of the
 #       profiled kernels (src_*.csv; to read against `cuobjdump -sass` of the same binary).
 #
 # Exit status: 0 when every test and sanitizer run passed (benchmarks never fail the check).
@@ -129,22 +129,28 @@ stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' l
   branch_resolving drain imc_miss sleeping tex_throttle misc selected)
 stalls=${stalls%,}
 if command -v ncu > /dev/null; then
-  for bench in 'BM_DecodeTC/K4V2_d128_half' 'BM_DecodeFP16TC'; do
-    echo "== Nsight Compute: $bench at 16 x 32K (one decode launch after warm-up)"
+  # The large shape (bandwidth) of the quantized and the 16-bit kernels, and one small
+  # batch, where a CTA streams few tiles and its prologue, pipeline fill and split merge
+  # dominate.
+  for run in 'BM_DecodeTC/K4V2_d128_half 16 32768' 'BM_DecodeFP16TC 16 32768' 'BM_DecodeTC/K4V2_d128_half 1 32768'; do
+    read -r bench batch ctx <<< "$run"
+    tag="${bench//\//_}_${batch}x${ctx}"
+    filter="$bench/batch:$batch/ctx:$ctx"
+    echo "== Nsight Compute: $bench at $batch x $ctx (one decode launch after warm-up)"
     timeout 60 ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
       --metrics "$stalls" --launch-skip 2 \
       --launch-count 1 -k regex:decode "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
-      --benchmark_filter="$bench/batch:16/ctx:32768" > "$out/ncu_${bench//\//_}.txt" 2>&1 ||
+      --benchmark_filter="$filter" > "$out/ncu_$tag.txt" 2>&1 ||
       echo "!! ncu failed or timed out"
     grep -E "decode|Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|stalled" \
-      "$out/ncu_${bench//\//_}.txt" | head -32
+      "$out/ncu_$tag.txt" | head -32
     # Where they wait: warp-state samples per SASS instruction (ncu's source page as CSV),
     # to read against `cuobjdump -sass` of the same binary.
     if [ -n "${KVQ_GPU_CHECK_SASS:-}" ]; then
-      rep="$out/src_${bench//\//_}"
+      rep="$out/src_$tag"
       timeout 60 ncu --clock-control none --section SourceCounters --launch-skip 2 --launch-count 1 -k regex:decode \
         -f -o "$rep" "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
-        --benchmark_filter="$bench/batch:16/ctx:32768" > /dev/null 2>&1 &&
+        --benchmark_filter="$filter" > /dev/null 2>&1 &&
         ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.csv" 2> "$rep.err" ||
         echo "!! ncu source page failed ($rep.err)"
     fi
