@@ -307,7 +307,8 @@ TEST(CudaDecode, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
 // finished; the outputs must be the bytes of the same launches made one after another
 // (a decode that read its pages before the append that writes them would see the
 // poisoned pool or the previous step's row). Both decode kernels, with their splits
-// merged by a second launch (CUDA-core) and in the kernel (tensor-core).
+// merged by a second launch (CUDA-core) and in the kernel (tensor-core); each step's
+// output then goes through merge_states (with itself) in a third dependent launch.
 template <Policy P, ActivationType T>
 std::vector<T> append_decode_chain(cuda::DecodeKernel kernel, bool pdl, int steps, unsigned& flags_out) {
   constexpr int D = P.head_dim;
@@ -336,8 +337,11 @@ std::vector<T> append_decode_chain(cuda::DecodeKernel kernel, bool pdl, int step
   std::iota(qi.begin(), qi.end(), 0);
   DeviceBuffer<std::int32_t> dqi(qi);
   DeviceBuffer<T> dq(convert<T>(random_normal(std::size_t(batch) * hq * D, 24, 0.7f)));
-  DeviceBuffer<T> out(std::size_t(steps + 1) * batch * hq * D);
+  const std::size_t step_rows = std::size_t(batch) * hq;
+  DeviceBuffer<T> out(std::size_t(steps + 1) * step_rows * D), merged(out.size());
+  DeviceBuffer<float> lse((steps + 1) * step_rows), merged_lse(lse.size());
   out.fill_bytes(0xFF);
+  merged.fill_bytes(0xFF);
   DeviceBuffer<unsigned> flags(std::vector<unsigned>{0u});
 
   cuda::AppendArgs<P, T> ap;
@@ -351,7 +355,7 @@ std::vector<T> append_decode_chain(cuda::DecodeKernel kernel, bool pdl, int step
   cuda::DecodeArgs<P, T, T> dc;
   dc.cache = {pool.get(), tab.num_pages, layout};
   dc.table = dt.view();
-  dc.params = {dq.get(), dqi.get(), hq, nullptr, 0.f, false, out.get(), nullptr};
+  dc.params = {dq.get(), dqi.get(), hq, nullptr, 0.f, false, out.get(), lse.get()};
   dc.rotation = rot.device();
   dc.total_q = batch;
   dc.num_splits = 4;
@@ -371,13 +375,21 @@ std::vector<T> append_decode_chain(cuda::DecodeKernel kernel, bool pdl, int step
       ap.batch_indices = dsb.get(), ap.positions = dsp.get();
     }
     EXPECT_TRUE(cuda::append_kv(ap, stream, pdl).ok());
-    dc.params.out = out.get() + std::size_t(s) * batch * hq * D;
+    T* o = out.get() + s * step_rows * D;
+    float* l = lse.get() + s * step_rows;
+    dc.params.out = o, dc.params.lse = l;
     EXPECT_TRUE(cuda::decode_attention(dc, stream, pdl).ok());
+    EXPECT_TRUE(cuda::merge_states<T>(o, l, o, l, static_cast<int>(step_rows), D, merged.get() + s * step_rows * D,
+                                      merged_lse.get() + s * step_rows, stream, pdl)
+                    .ok());
   }
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
   flags_out = flags.download()[0];
-  return out.download();
+  std::vector<T> both = out.download();
+  const std::vector<T> m = merged.download();
+  both.insert(both.end(), m.begin(), m.end());
+  return both;  // the decode outputs of every step, then their merges
 }
 
 TEST(CudaDependentLaunch, AppendDecodeChainMatchesSerialLaunches) {
@@ -392,11 +404,12 @@ TEST(CudaDependentLaunch, AppendDecodeChainMatchesSerialLaunches) {
     EXPECT_EQ(serial_flags, 0u);
     EXPECT_EQ(pdl_flags, 0u);
     ASSERT_EQ(serial.size(), pdl.size());
-    const std::size_t per_step = serial.size() / (steps + 1);
+    const std::size_t per_step = serial.size() / (2 * (steps + 1));
     for (std::size_t i = 0; i < serial.size(); ++i) {
       ASSERT_TRUE(std::isfinite(to_float(serial[i]))) << "serial launches, element " << i;
       ASSERT_EQ(bits_of(serial[i]), bits_of(pdl[i]))
-          << (kernel == cuda::DecodeKernel::simt ? "CUDA-core" : "tensor-core") << " kernel, step " << i / per_step
+          << (kernel == cuda::DecodeKernel::simt ? "CUDA-core" : "tensor-core") << " kernel, "
+          << (i < serial.size() / 2 ? "decode" : "merge") << " of step " << i / per_step % (steps + 1)
           << ", element " << i % per_step;
     }
     // Every step decoded its own new rows.
