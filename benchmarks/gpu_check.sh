@@ -211,7 +211,7 @@ print()
 for b in runs:  # append + decode on one stream, without and with PDL
     if b["name"].startswith("BM_Step"):
         name = b["name"].replace("/manual_time", "")
-        print(f"{name:<40} step {b['real_time']:8.1f} us, decode alone {b['decode_us']:8.1f} us: append "
+        print(f"{name:<40} step {b['step_us']:8.1f} us, decode alone {b['decode_us']:8.1f} us: append "
               f"{b['append_%']:5.1f}%   graph: step {b['graph_us']:8.1f} us, append {b['graph_append_%']:5.1f}%")
 PY
 else

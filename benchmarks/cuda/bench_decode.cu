@@ -12,8 +12,8 @@
 //                     prefill chunk; tokens/s, device time from a replayed CUDA graph
 //   BM_Step<P>        one decode step as an engine runs it: append the batch's new rows,
 //                     then decode (tensor-core kernel), back to back on one stream, with
-//                     and without programmatic dependent launch (pdl:1); append_% is the
-//                     step's time over the decode's alone, minus one, in the same run
+//                     and without programmatic dependent launch (pdl:1); append_% is
+//                     step_us over decode_us, minus one, both timed alike in the same run
 // Shapes: Llama-3-8B-like layer, Hkv = 8, Hq = 32 (GQA 4), head_dim 128, page 64;
 // batch × context from 1×4K to 64×32K. Caches hold random codes and metadata (or random
 // fp16/bf16 rows), one random page repeated over the pool; queries are random.
@@ -255,9 +255,11 @@ std::vector<std::byte> random_page(const DensePageLayout<PT, kD>& layout) {
   return page;
 }
 
-// tab.num_pages copies of one random page of `layout` (nullptr when allocation or fill fails).
+// `batch` sequences of `ctx` tokens over tab.num_pages copies of one random page of
+// `layout` (nullptr when allocation or fill fails).
 template <class Layout>
-std::byte* random_pool(Dev& dev, const Table& tab, const Layout& layout) {
+std::byte* random_cache(Dev& dev, Table& tab, int batch, int ctx, const Layout& layout) {
+  if (!tab.init(dev, batch, ctx)) return nullptr;
   auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
   return pool && fill_pool(pool, random_page(layout), tab.num_pages) ? pool : nullptr;
 }
@@ -312,11 +314,10 @@ template <Policy P, cuda::DecodeKernel K, cuda::DecodePrecision Prec = cuda::Dec
 void BM_Decode(benchmark::State& state) {
   const int batch = state.range(0), ctx = state.range(1);
   Dev dev;
-  Table tab;
-  if (!tab.init(dev, batch, ctx)) return state.SkipWithError("allocation failed");
   const PageLayout<P> layout{kPage, kHkv};
-  std::byte* pool = random_pool(dev, tab, layout);
-  if (!pool) return state.SkipWithError("pool allocation or fill failed");
+  Table tab;
+  std::byte* pool = random_cache(dev, tab, batch, ctx, layout);
+  if (!pool) return state.SkipWithError("cache allocation or fill failed");
   cuda::DecodeArgs<P, T, T> a;
   a.cache = {pool, tab.num_pages, layout};
   a.table = tab.view;
@@ -335,11 +336,10 @@ template <ActivationType PT, cuda::DecodeKernel K>
 void BM_Decode16(benchmark::State& state) {
   const int batch = state.range(0), ctx = state.range(1);
   Dev dev;
-  Table tab;
-  if (!tab.init(dev, batch, ctx)) return state.SkipWithError("allocation failed");
   const DensePageLayout<PT, kD> layout{kPage, kHkv};
-  std::byte* pool = random_pool(dev, tab, layout);
-  if (!pool) return state.SkipWithError("pool allocation or fill failed");
+  Table tab;
+  std::byte* pool = random_cache(dev, tab, batch, ctx, layout);
+  if (!pool) return state.SkipWithError("cache allocation or fill failed");
   cuda::DenseDecodeArgs<PT, kD, PT, PT> a;
   a.pool = pool;
   a.num_pages = tab.num_pages;
@@ -429,11 +429,10 @@ void BM_Step(benchmark::State& state) {
   const int batch = state.range(0), ctx = state.range(1);
   const bool pdl = state.range(2) != 0;
   Dev dev;
-  Table tab;
-  if (!tab.init(dev, batch, ctx)) return state.SkipWithError("allocation failed");
   const PageLayout<P> layout{kPage, kHkv};
-  std::byte* pool = random_pool(dev, tab, layout);
-  if (!pool) return state.SkipWithError("pool allocation or fill failed");
+  Table tab;
+  std::byte* pool = random_cache(dev, tab, batch, ctx, layout);
+  if (!pool) return state.SkipWithError("cache allocation or fill failed");
   cuda::AppendArgs<P, T> ap;
   if (!setup_append(dev, ap, pool, tab, ctx - 1)) return state.SkipWithError("setup failed");
   cuda::DecodeArgs<P, T, T> dc;
@@ -454,6 +453,7 @@ void BM_Step(benchmark::State& state) {
     const double decode_us = host_us(stream, [&](cudaStream_t s) { (void)cuda::decode_attention(dc, s, pdl); });
     const double step_graph = graph_us(step);
     const double decode_graph = graph_us([&](cudaStream_t s) { (void)cuda::decode_attention(dc, s, pdl); });
+    state.counters["step_us"] = step_us;
     state.counters["decode_us"] = decode_us;
     state.counters["append_%"] = 100.0 * (step_us / decode_us - 1.0);
     state.counters["graph_us"] = step_graph;
