@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "cuda_test_utils.hpp"
+#include "kvq/cuda/launch/launch.cuh"  // detail::kernel_waits_for_prior_grids
 #include "kvq_cuda_tests_kvq_instantiations.hpp"
 
 namespace {
@@ -365,6 +366,9 @@ std::vector<T> append_decode_chain(cuda::DecodeKernel kernel, bool pdl, int step
   dc.workspace = ws.get();
   dc.workspace_bytes = ws.size();
 
+  // The buffers above were zeroed and filled on the legacy stream, which a non-blocking
+  // stream does not wait for.
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaStream_t stream;
   EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   for (int s = 0; s <= steps; ++s) {
@@ -419,6 +423,30 @@ TEST(CudaDependentLaunch, AppendDecodeChainMatchesSerialLaunches) {
                               [](half_t a, half_t b) { return bits_of(a) == bits_of(b); }))
           << "step " << s;
   }
+}
+
+__global__ void grid_dependency_probe(int* x) {
+  kvq::cuda::kernel::wait_for_prior_grids();
+  *x = 1;
+}
+__global__ void grid_dependency_probe_2(int* x) { *x = 2; }
+
+// The launchers use PDL only for kernels whose code holds the wait: this binary's kernels
+// are compiled for sm_90 (KVQ_TEST_CUDA_ARCHITECTURES), so on a Hopper or newer device
+// they must be found to hold it (else `launch_with_pdl` would silently do nothing), and
+// the answer must not change when it comes from the table the second time.
+TEST(CudaDependentLaunch, KernelsCompiledForSm90HoldTheWait) {
+  KVQ_REQUIRE_CUDA_DEVICE();
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  if (prop.major < 9) GTEST_SKIP() << "programmatic dependent launch needs compute capability 9+";
+  for (int round = 0; round < 2; ++round)
+    for (const void* k : {reinterpret_cast<const void*>(&grid_dependency_probe),
+                          reinterpret_cast<const void*>(&grid_dependency_probe_2)}) {
+      bool waits = false;
+      ASSERT_TRUE(cuda::detail::kernel_waits_for_prior_grids(k, waits).ok());
+      EXPECT_TRUE(waits) << "round " << round;
+    }
 }
 
 TEST(CudaDevice, ReportsWhetherADeviceExists) {

@@ -11,10 +11,10 @@
 //
 // Launchers take the engine's stream (kvq::cuda::Stream is cudaStream_t), allocate
 // nothing, never synchronize, and return a Status (cuda_error for launch failures).
-// `launch_with_pdl` (default off) launches with programmatic dependent launch on devices
-// of compute capability 9+ when the instantiations were compiled for sm_90 or newer
-// (ignored otherwise; such a device must run that code, not a JIT of older-only PTX):
-// the kernel may then start while the previous kernel in the stream still runs, and its
+// `launch_with_pdl` (default off) launches with programmatic dependent launch where the
+// code the device runs was compiled for sm_90 or newer (cudaFuncGetAttributes' ptxVersion,
+// asked once per kernel and device; ignored otherwise, e.g. for a JIT of older PTX): the
+// kernel may then start while the previous kernel in the stream still runs, and its
 // launch and block scheduling overlap that kernel's tail. Every kvq kernel waits for the
 // previous grid's completion before it reads global memory (kernel/grid_dependency.cuh),
 // so any launcher may take it after any kernel; a kernel of the engine launched with PDL

@@ -6,6 +6,9 @@
 // on the caller's stream and returns; it never allocates or synchronizes.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+
 #include "kvq/cuda/config.cuh"
 #include "kvq/cuda/kernel/decode.cuh"
 #include "kvq/cuda/kernel/decode_mma.cuh"
@@ -20,36 +23,54 @@ namespace detail {
 
 inline dim3 to_dim3(Dim3 d) { return dim3(d.x, d.y, d.z); }
 
-// Whether this translation unit's kernels contain the grid-dependency wait
-// (kernel/grid_dependency.cuh): some architecture it compiles is sm_90 or newer. A device
-// of compute capability 9+ then runs that code (SASS, or PTX of compute_90+), never a JIT
-// of older PTX, which has no wait and must not be launched with PDL.
-constexpr bool pdl_compiled() {
-#ifdef __CUDA_ARCH_LIST__
-  constexpr int archs[] = {__CUDA_ARCH_LIST__};
-  for (int arch : archs)
-    if (arch >= 900) return true;
-#endif
-  return false;
-}
-
-// PDL where it was asked for and the current device has it (compute capability 9+).
-inline Status use_pdl(bool asked, bool& use) {
-  use = false;
-  if (!asked || !pdl_compiled()) return {};
-  int dev = 0, major = 0;
+// Whether `kern`, as the current device runs it, was compiled from PTX of compute_90 or
+// newer (cudaFuncGetAttributes' ptxVersion), so that it holds the grid-dependency wait
+// (kernel/grid_dependency.cuh). Such code runs only on compute capability 9+. A build
+// with sm_90 SASS and only older PTX runs a JIT of that PTX on newer architectures,
+// without the wait: it must not be launched with PDL. The answer is kept per (device,
+// kernel) in a fixed lock-free table, so a launch asks the driver once (no allocation);
+// kernels past the table's capacity are asked about on every launch.
+inline Status kernel_waits_for_prior_grids(const void* kern, bool& waits) {
+  constexpr int kDevices = 16, kSlots = 64;
+  struct Slot {
+    std::atomic<const void*> kernel{nullptr};
+    std::atomic<int> answer{0};  // 0: not asked yet, 1: no wait, 2: waits
+  };
+  static Slot table[kDevices][kSlots];
+  auto ask = [&]() -> Status {
+    cudaFuncAttributes attr{};
+    KVQ_CUDA_CHECK(cudaFuncGetAttributes(&attr, kern));
+    waits = attr.ptxVersion >= 90;
+    return {};
+  };
+  int dev = 0;
   KVQ_CUDA_CHECK(cudaGetDevice(&dev));
-  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  use = major >= 9;
-  return {};
+  if (dev < 0 || dev >= kDevices) return ask();
+  const std::size_t home = (reinterpret_cast<std::uintptr_t>(kern) >> 4) % kSlots;
+  for (int i = 0; i < kSlots; ++i) {
+    Slot& slot = table[dev][(home + i) % kSlots];
+    const void* owner = nullptr;
+    if (!slot.kernel.compare_exchange_strong(owner, kern, std::memory_order_acq_rel) && owner != kern) continue;
+    if (const int a = slot.answer.load(std::memory_order_acquire)) {
+      waits = a == 2;
+      return {};
+    }
+    KVQ_RETURN_IF_ERROR(ask());
+    slot.answer.store(waits ? 2 : 1, std::memory_order_release);
+    return {};
+  }
+  return ask();
 }
 
 // kern<<<grid, threads, smem, stream>>>(args...), with programmatic dependent launch when
-// `pdl` (already checked by use_pdl): the grid may then start before the previous one in
-// the stream has finished; kvq kernels wait for it before their first global read.
+// `launch_with_pdl` and the kernel holds the wait (above): the grid may then start before
+// the previous one in the stream has finished; kvq kernels wait for it before their first
+// global access.
 template <class... Params, class... Args>
-Status launch_kernel(void (*kern)(Params...), dim3 grid, int threads, std::size_t smem, Stream stream, bool pdl,
-                     const Args&... args) {
+Status launch_kernel(void (*kern)(Params...), dim3 grid, int threads, std::size_t smem, Stream stream,
+                     bool launch_with_pdl, const Args&... args) {
+  bool pdl = false;
+  if (launch_with_pdl) KVQ_RETURN_IF_ERROR(kernel_waits_for_prior_grids(reinterpret_cast<const void*>(kern), pdl));
   if (smem > 48 * 1024)
     KVQ_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchAttribute attr[1];
@@ -70,11 +91,11 @@ Status launch_kernel(void (*kern)(Params...), dim3 grid, int threads, std::size_
 // that the kernel does not merge itself (with PDL as well: it waits for the decode grid).
 template <class KP>
 Status launch_decode_kernel(void (*kern)(KP), int threads, std::size_t smem, const KP& kp, const DecodePlan& plan,
-                            Stream stream, bool pdl) {
-  KVQ_RETURN_IF_ERROR(launch_kernel(kern, to_dim3(plan.grid), threads, smem, stream, pdl, kp));
+                            Stream stream, bool launch_with_pdl) {
+  KVQ_RETURN_IF_ERROR(launch_kernel(kern, to_dim3(plan.grid), threads, smem, stream, launch_with_pdl, kp));
   if (kp.num_splits > 1 && !kp.split_counters)
-    return launch_kernel(&kernel::split_merge_kernel<KP>, to_dim3(plan.merge_grid), plan.merge_block, 0, stream, pdl,
-                         kp);
+    return launch_kernel(&kernel::split_merge_kernel<KP>, to_dim3(plan.merge_grid), plan.merge_block, 0, stream,
+                         launch_with_pdl, kp);
   return {};
 }
 
@@ -122,9 +143,7 @@ Status launch_decode(const KP& kp, const DecodePlan& plan, DecodePrecision preci
   const DecodeLaunch<KP> l = select_decode_kernel<KP, kTensorCoreOk>(plan, precision);
   if (!l.kernel)
     return {StatusCode::unsupported, "cuda attention: no kernel for " + std::to_string(plan.rows) + " rows per CTA"};
-  bool pdl = false;
-  KVQ_RETURN_IF_ERROR(use_pdl(launch_with_pdl, pdl));
-  return launch_decode_kernel(l.kernel, l.threads, l.smem, kp, plan, stream, pdl);
+  return launch_decode_kernel(l.kernel, l.threads, l.smem, kp, plan, stream, launch_with_pdl);
 }
 
 template <class KP, bool kTensorCoreOk>
@@ -142,9 +161,7 @@ Status ctas_per_sm(const DecodePlan& plan, DecodePrecision precision, int& ctas)
 template <class... Params, class... Args>
 Status launch_rows(void (*kern)(Params...), long long items, Stream stream, bool launch_with_pdl, const Args&... args) {
   if (items == 0) return {};
-  bool pdl = false;
-  KVQ_RETURN_IF_ERROR(use_pdl(launch_with_pdl, pdl));
-  return launch_kernel(kern, to_dim3(row_grid(items)), kRowWarpsPerBlock * 32, 0, stream, pdl, args...);
+  return launch_kernel(kern, to_dim3(row_grid(items)), kRowWarpsPerBlock * 32, 0, stream, launch_with_pdl, args...);
 }
 
 }  // namespace detail
