@@ -9,7 +9,7 @@
 // FP-domain vandps issue elsewhere (4 of each beside 12 independent vpdpbusd: +0 cycles;
 // 4 gf2p8affineqb, vpsrlw or vpunpckldq: +4). The K4V2 / K2V2 fastest decode, 4K warm:
 // 105.5 → 103.7 / 99.6 → 97.6 µs against gf2p8affineqb. On Zen 5 shifts and ands were
-// free already and gf2p8affineqb cost a fifth of a product (README). On another Zen 4
+// free already and gf2p8affineqb cost a fifth of a product (benchmarks/README.md). On another Zen 4
 // (family 25 model 17, 2026-12-06) the same test gave +0 for vpunpckldq, vpsrld and vpandd
 // as well; there only vpermt2d, vfmadd231ps and vpmultishiftqb took a product's slot (+4).
 #pragma once

@@ -72,7 +72,7 @@ inline constexpr int kNativeFloatLanes = 4;
 // splits every 512-bit operation over its 256-bit pipes, and there 256-bit logits are
 // faster: 42.6 → 34.2 cycles per token at 4 query rows, d 128, from L1; the fp16 pages'
 // decode 4K warm 236 → 220 µs, 32K cold 2.51–2.60 → 2.42–2.45 ms, and equal or faster at
-// d 64/128/256 and GQA 1–16 (README, 2026-12-05). (256-bit value sums were faster from L1
+// d 64/128/256 and GQA 1–16 (benchmarks/README.md, 2026-12-05). (256-bit value sums were faster from L1
 // too, 36.3 → 33.1, but with twice the column passes over a block they took the cold decode
 // to 2.65 ms; they stay native.) Cores with 512-bit datapaths (Intel's two-FMA-unit cores,
 // Zen 5) should keep 512; not measured. The default follows the compiler's -mtune: 256 when

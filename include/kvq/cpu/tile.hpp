@@ -32,7 +32,7 @@ namespace kvq::detail {
 inline constexpr int kMaxRowsPerPass = 16;  // query rows sharing one pass over the keys
 // Tokens per block: one rescale, one softmax reduction, one set of int8 value weights
 // per row and block. 64 rather than 32 halves that per-block work: K4V2 / K2V2 fastest
-// decode at 32K cold on a Zen 4 810 → 800 / 767 → 715 µs (README); fp16 pages the same.
+// decode at 32K cold on a Zen 4 810 → 800 / 767 → 715 µs (benchmarks/README.md); fp16 pages the same.
 // The int8 value weights then keep 8 bits per 64 tokens.
 inline constexpr int kTokensPerBlock = 64;
 // Tokens per fp32 tile (the fp32-tile paths run a block as tiles of this many): 16 KB at
