@@ -302,7 +302,7 @@ TEST(CudaDecode, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
       }
 }
 
-// Programmatic dependent launch: a prefill append, then decode steps that each append one
+// Programmatic dependent launch and CUDA graphs: a prefill append, then decode steps that each append one
 // new row per sequence (at its last position, new values every step) and decode, all on
 // one stream. With launch_with_pdl every launch may begin before the previous one has
 // finished; the outputs must be the bytes of the same launches made one after another
@@ -310,8 +310,17 @@ TEST(CudaDecode, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
 // poisoned pool or the previous step's row). Both decode kernels, with their splits
 // merged by a second launch (CUDA-core) and in the kernel (tensor-core); each step's
 // output then goes through merge_states (with itself) in a third dependent launch.
+// Launches::graph and graph_pdl capture one decode step (append, decode, merge) into a
+// CUDA graph, as engines do, under the strictest capture mode (global: a launcher that
+// allocated, synchronized or copied synchronously would fail the capture), and replay it
+// for every step: the step's new rows are copied into the captured input buffer and the
+// captured outputs out to the step's slot, on the same stream.
+enum class Launches { serial, pdl, graph, graph_pdl };
+
 template <Policy P, ActivationType T>
-std::vector<T> append_decode_chain(cuda::DecodeKernel kernel, bool pdl, int steps, unsigned& flags_out) {
+std::vector<T> append_decode_chain(cuda::DecodeKernel kernel, Launches launches, int steps, unsigned& flags_out) {
+  const bool pdl = launches == Launches::pdl || launches == Launches::graph_pdl;
+  const bool graph = launches == Launches::graph || launches == Launches::graph_pdl;
   constexpr int D = P.head_dim;
   constexpr int hkv = 2, group = 4, hq = hkv * group;
   const std::vector<int> lens = {700, 1, 333, 1024};
@@ -366,28 +375,67 @@ std::vector<T> append_decode_chain(cuda::DecodeKernel kernel, bool pdl, int step
   dc.workspace = ws.get();
   dc.workspace_bytes = ws.size();
 
+  const std::size_t step_elems = std::size_t(batch) * hkv * D;
+  DeviceBuffer<T> cur_k(step_elems), cur_v(step_elems);  // the captured step's inputs
+  DeviceBuffer<T> g_out(step_rows * D), g_merged(step_rows * D);  // and outputs
+  DeviceBuffer<float> g_lse(step_rows), g_merged_lse(step_rows);
   // The buffers above were zeroed and filled on the legacy stream, which a non-blocking
   // stream does not wait for.
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaStream_t stream;
   EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  for (int s = 0; s <= steps; ++s) {
-    if (s > 0) {  // one decode step: the sequences' new rows
-      ap.keys = step_k.get() + std::size_t(s - 1) * batch * hkv * D;
-      ap.values = step_v.get() + std::size_t(s - 1) * batch * hkv * D;
-      ap.num_tokens = batch;
-      ap.batch_indices = dsb.get(), ap.positions = dsp.get();
-    }
+  auto launch_step = [&](T* o, float* l, T* m, float* ml) {
     EXPECT_TRUE(cuda::append_kv(ap, stream, pdl).ok());
-    T* o = out.get() + s * step_rows * D;
-    float* l = lse.get() + s * step_rows;
     dc.params.out = o, dc.params.lse = l;
     EXPECT_TRUE(cuda::decode_attention(dc, stream, pdl).ok());
-    EXPECT_TRUE(cuda::merge_states<T>(o, l, o, l, static_cast<int>(step_rows), D, merged.get() + s * step_rows * D,
-                                      merged_lse.get() + s * step_rows, stream, pdl)
-                    .ok());
+    EXPECT_TRUE(cuda::merge_states<T>(o, l, o, l, static_cast<int>(step_rows), D, m, ml, stream, pdl).ok());
+  };
+  cudaGraphExec_t exec = nullptr;
+  for (int s = 0; s <= steps; ++s) {
+    T* o = out.get() + s * step_rows * D;
+    float* l = lse.get() + s * step_rows;
+    T* m = merged.get() + s * step_rows * D;
+    float* ml = merged_lse.get() + s * step_rows;
+    if (s == 0) {  // the prefill
+      launch_step(o, l, m, ml);
+      ap.num_tokens = batch;  // from here on one decode step: the sequences' new rows
+      ap.batch_indices = dsb.get(), ap.positions = dsp.get();
+      continue;
+    }
+    const T* new_k = step_k.get() + (s - 1) * step_elems;
+    const T* new_v = step_v.get() + (s - 1) * step_elems;
+    if (!graph) {
+      ap.keys = new_k, ap.values = new_v;
+      launch_step(o, l, m, ml);
+      continue;
+    }
+    if (!exec) {
+      ap.keys = cur_k.get(), ap.values = cur_v.get();
+      cudaGraph_t g = nullptr;
+      EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+      launch_step(g_out.get(), g_lse.get(), g_merged.get(), g_merged_lse.get());
+      EXPECT_EQ(cudaStreamEndCapture(stream, &g), cudaSuccess);
+      if (!g || cudaGraphInstantiate(&exec, g, 0) != cudaSuccess || !exec) {
+        ADD_FAILURE() << "the decode step could not be captured into a CUDA graph";
+        if (g) cudaGraphDestroy(g);
+        cudaStreamDestroy(stream);
+        return {};
+      }
+      EXPECT_EQ(cudaGraphDestroy(g), cudaSuccess);
+    }
+    const auto d2d = [&](void* dst, const void* src, std::size_t bytes) {
+      EXPECT_EQ(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+    };
+    d2d(cur_k.get(), new_k, step_elems * sizeof(T));
+    d2d(cur_v.get(), new_v, step_elems * sizeof(T));
+    EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    d2d(o, g_out.get(), step_rows * D * sizeof(T));
+    d2d(l, g_lse.get(), step_rows * sizeof(float));
+    d2d(m, g_merged.get(), step_rows * D * sizeof(T));
+    d2d(ml, g_merged_lse.get(), step_rows * sizeof(float));
   }
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  if (exec) EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
   flags_out = flags.download()[0];
   std::vector<T> both = out.download();
@@ -402,19 +450,25 @@ TEST(CudaDependentLaunch, AppendDecodeChainMatchesSerialLaunches) {
   constexpr int steps = 6;
   for (const auto kernel : {cuda::DecodeKernel::simt, cuda::DecodeKernel::tensor_core}) {
     if (kernel == cuda::DecodeKernel::tensor_core && !tensor_cores_present()) continue;
-    unsigned serial_flags = 1, pdl_flags = 1;
-    const auto serial = append_decode_chain<P, half_t>(kernel, false, steps, serial_flags);
-    const auto pdl = append_decode_chain<P, half_t>(kernel, true, steps, pdl_flags);
+    unsigned serial_flags = 1;
+    const auto serial = append_decode_chain<P, half_t>(kernel, Launches::serial, steps, serial_flags);
     EXPECT_EQ(serial_flags, 0u);
-    EXPECT_EQ(pdl_flags, 0u);
-    ASSERT_EQ(serial.size(), pdl.size());
     const std::size_t per_step = serial.size() / (2 * (steps + 1));
-    for (std::size_t i = 0; i < serial.size(); ++i) {
+    for (std::size_t i = 0; i < serial.size(); ++i)
       ASSERT_TRUE(std::isfinite(to_float(serial[i]))) << "serial launches, element " << i;
-      ASSERT_EQ(bits_of(serial[i]), bits_of(pdl[i]))
-          << (kernel == cuda::DecodeKernel::simt ? "CUDA-core" : "tensor-core") << " kernel, "
-          << (i < serial.size() / 2 ? "decode" : "merge") << " of step " << i / per_step % (steps + 1)
-          << ", element " << i % per_step;
+    for (const auto launches : {Launches::pdl, Launches::graph, Launches::graph_pdl}) {
+      const char* name = launches == Launches::pdl     ? "PDL"
+                         : launches == Launches::graph ? "CUDA graph"
+                                                       : "CUDA graph with PDL";
+      unsigned flags = 1;
+      const auto other = append_decode_chain<P, half_t>(kernel, launches, steps, flags);
+      EXPECT_EQ(flags, 0u) << name;
+      ASSERT_EQ(serial.size(), other.size()) << name;
+      for (std::size_t i = 0; i < serial.size(); ++i)
+        ASSERT_EQ(bits_of(serial[i]), bits_of(other[i]))
+            << name << ", " << (kernel == cuda::DecodeKernel::simt ? "CUDA-core" : "tensor-core") << " kernel, "
+            << (i < serial.size() / 2 ? "decode" : "merge") << " of step " << i / per_step % (steps + 1)
+            << ", element " << i % per_step;
     }
     // Every step decoded its own new rows.
     for (int s = 1; s <= steps; ++s)
