@@ -8,6 +8,8 @@
 //   BM_DecodeFP16<K>  the full-precision baseline of the same design on an fp16 cache
 //                     (16-bit pages: the bytes of a BF16 cache), both kernels
 //   BM_DecodeBF16<K>  the same on a bf16 cache with bf16 queries and outputs, both kernels
+//   BM_DecodePipeFP16TC/wWsS  fp16 pages through the tensor-core kernel with W warps per
+//                     CTA and S pipeline stages (cuda::tuning): the pipeline sweep
 //   BM_Append<P>      fused quantize-append of one decode step (batch tokens) and of a
 //                     prefill chunk; tokens/s, device time from a replayed CUDA graph
 //   BM_Step<P>        one decode step as an engine runs it: append the batch's new rows,
@@ -265,8 +267,9 @@ std::byte* random_cache(Dev& dev, Table& tab, int batch, int ctx, const Layout& 
 }
 
 // Queries, outputs (of the arguments' activation type) and split workspace of one decode step.
+// ctas: resident CTAs per SM of the kernel the call launches (0: ask decode_ctas_per_sm).
 template <class Args>
-bool setup_decode(Dev& dev, Args& a, int batch, int ctx) {
+bool setup_decode(Dev& dev, Args& a, int batch, int ctx, int ctas = 0) {
   using QT = std::remove_cvref_t<decltype(*a.params.q)>;
   std::vector<std::int32_t> qi(batch + 1);
   for (int b = 0; b <= batch; ++b) qi[b] = b;
@@ -288,8 +291,7 @@ bool setup_decode(Dev& dev, Args& a, int batch, int ctx) {
   cuda::DecodeShape s = a.shape();
   s.num_splits = 1;
   if (!cuda::make_decode_plan(s, plan).ok()) return false;
-  int ctas = 1;  // resident CTAs per SM of the kernel this call launches
-  if (!cuda::decode_ctas_per_sm(a, ctas).ok()) return false;
+  if (ctas <= 0 && !cuda::decode_ctas_per_sm(a, ctas).ok()) return false;
   a.num_splits = cuda::suggest_num_splits(batch, kHkv, plan.row_tiles, ctx, num_sms(), 256, ctas);
   a.workspace_bytes = cuda::decode_workspace_bytes(a);
   a.workspace = a.workspace_bytes ? dev.alloc<std::byte>(a.workspace_bytes) : nullptr;
@@ -352,6 +354,38 @@ void BM_Decode16(benchmark::State& state) {
   if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
   set_decode_counters(state, batch, ctx, 2 * kD * sizeof(PT), a.num_splits);
   state.counters["graph_us"] = graph_us([&](cudaStream_t s) { (void)cuda::dense_decode_attention(a, s); });
+}
+
+// fp16 pages through the tensor-core kernel with another pipeline (Warps per CTA, Stages
+// per warp; cuda::tuning), splits from that kernel's occupancy: the sweep from which
+// kernel::MmaDecodeConfig's default for 16-bit pages is chosen (today 2 warps, 2 stages:
+// one 16 KiB tile in flight per warp, 3 CTAs per SM).
+template <int Warps, int Stages>
+void BM_DecodePipeFP16(benchmark::State& state) {
+  using Pipeline = cuda::kernel::MmaPipeline<Warps, Stages>;
+  constexpr auto kFast = cuda::DecodePrecision::fast;
+  const int batch = state.range(0), ctx = state.range(1);
+  Dev dev;
+  const DensePageLayout<half_t, kD> layout{kPage, kHkv};
+  Table tab;
+  std::byte* pool = random_cache(dev, tab, batch, ctx, layout);
+  if (!pool) return state.SkipWithError("cache allocation or fill failed");
+  cuda::DenseDecodeArgs<half_t, kD, half_t, half_t> a;
+  a.pool = pool;
+  a.num_pages = tab.num_pages;
+  a.layout = layout;
+  a.table = tab.view;
+  a.kernel = cuda::DecodeKernel::tensor_core;
+  int ctas = 0;
+  Status st = cuda::tuning::decode_ctas_per_sm<Pipeline, kFast>(a, ctas);
+  if (!st.ok() || ctas < 1) return state.SkipWithError(("occupancy: " + st.to_string()).c_str());
+  if (!setup_decode(dev, a, batch, ctx, ctas)) return state.SkipWithError("setup failed");
+  time_loop(state, [&] { (void)(st = cuda::tuning::decode_attention<Pipeline, kFast>(a, nullptr)); });
+  if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
+  set_decode_counters(state, batch, ctx, 2 * kD * sizeof(half_t), a.num_splits);
+  state.counters["ctas_per_sm"] = ctas;
+  state.counters["graph_us"] =
+      graph_us([&](cudaStream_t s) { (void)cuda::tuning::decode_attention<Pipeline, kFast>(a, s); });
 }
 
 // The append of one new row for each of the table's sequences, at `position`, into
@@ -495,6 +529,13 @@ BENCHMARK_TEMPLATE(BM_Decode16, half_t, cuda::DecodeKernel::simt)->Name("BM_Deco
 BENCHMARK_TEMPLATE(BM_Decode16, half_t, cuda::DecodeKernel::tensor_core)->Name("BM_DecodeFP16TC")->Apply(decode_shapes);
 BENCHMARK_TEMPLATE(BM_Decode16, bfloat16_t, cuda::DecodeKernel::simt)->Name("BM_DecodeBF16")->Apply(decode_shapes);
 BENCHMARK_TEMPLATE(BM_Decode16, bfloat16_t, cuda::DecodeKernel::tensor_core)->Name("BM_DecodeBF16TC")->Apply(decode_shapes);
+// The pipeline sweep for 16-bit pages (the default, w2s2, is BM_DecodeFP16TC).
+#define KVQ_BENCH_PIPE(W, S) \
+  BENCHMARK_TEMPLATE(BM_DecodePipeFP16, W, S)->Name("BM_DecodePipeFP16TC/w" #W "s" #S)->Apply(decode_shapes);
+KVQ_BENCH_PIPE(1, 2)
+KVQ_BENCH_PIPE(1, 3)
+KVQ_BENCH_PIPE(1, 4)
+KVQ_BENCH_PIPE(2, 3)
 
 }  // namespace
 

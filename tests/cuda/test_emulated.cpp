@@ -36,7 +36,7 @@ void emu_append(const Args& a, int hkv, int parts) {
                   [&] { kern::append_kernel<Args>(a, parts); });
 }
 
-template <class KP>
+template <class Pipeline = kern::MmaPipeline<>, class KP>
 void emu_decode(const KP& kp, const cuda::DecodePlan& plan, cuda::DecodePrecision precision) {
   using Src = typename KP::source_type;
   auto run = [&]<int R>() {
@@ -47,12 +47,14 @@ void emu_decode(const KP& kp, const cuda::DecodePlan& plan, cuda::DecodePrecisio
   };
   if constexpr (kern::MmaOps<Src>::kOk) {
     if (plan.kernel == cuda::DecodeKernel::tensor_core) {
-      using Cfg = kern::MmaDecodeConfig<Src>;
+      using Cfg = kern::MmaDecodeConfig<Src, Pipeline>;
       ASSERT_LE(Cfg::smem.total(), sizeof(kern::kvq_decode_smem));
       std::memset(kern::kvq_decode_smem, 0xFF, Cfg::smem.total());
       kvq_emu::launch(to_dim3(plan.grid), dim3(Cfg::NW * 32), [&] {
-        if (precision == cuda::DecodePrecision::exact) kern::decode_mma_kernel<KP, cuda::DecodePrecision::exact>(kp);
-        else kern::decode_mma_kernel<KP, cuda::DecodePrecision::fast>(kp);
+        if (precision == cuda::DecodePrecision::exact)
+          kern::decode_mma_kernel<KP, cuda::DecodePrecision::exact, Pipeline>(kp);
+        else
+          kern::decode_mma_kernel<KP, cuda::DecodePrecision::fast, Pipeline>(kp);
       });
     }
   }
@@ -190,7 +192,7 @@ struct Run {
   bool bad_page = false;          // sequence 0's first page points outside the pool
 };
 
-template <Policy P, ActivationType T>
+template <Policy P, ActivationType T, class Pipeline = kern::MmaPipeline<>>
 void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
   constexpr int D = P.head_dim;
   if (c.rotated && P.value.centered) return;
@@ -240,9 +242,9 @@ void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
   ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, run.kernel == cuda::DecodeKernel::tensor_core);
   const kern::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
   unsigned flags = 0;
-  emu_decode(kern::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles, a.total_q,
-                                      a.workspace, &flags, plan.merge_grid.x == 0),
-             plan, run.precision);
+  emu_decode<Pipeline>(kern::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles,
+                                                a.total_q, a.workspace, &flags, plan.merge_grid.x == 0),
+                       plan, run.precision);
   expect_counters_reset(a.workspace, plan);
   EXPECT_EQ(flags, run.bad_page ? unsigned(cuda::kBadPage) : 0u);
   if (run.bad_page) {
@@ -274,7 +276,7 @@ void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
   if (run.nan_rows) *run.nan_rows = nans;
 }
 
-template <ActivationType T, int D>
+template <ActivationType T, int D, class Pipeline = kern::MmaPipeline<>>
 void check_dense(const Case& c, std::uint32_t seed, const Run& run = {}) {
   const RaggedTable tab = make_table(c.lens, c.page_size, seed);
   const DensePageLayout<T, D> layout{c.page_size, c.hkv};
@@ -317,9 +319,9 @@ void check_dense(const Case& c, std::uint32_t seed, const Run& run = {}) {
   ASSERT_TRUE(cuda::validate(a, plan).ok());
   ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, run.kernel == cuda::DecodeKernel::tensor_core);
   const kern::DenseSource<T, D> src{a.pool, a.num_pages, a.layout};
-  emu_decode(kern::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan.row_tiles,
-                                      a.total_q, a.workspace, nullptr, plan.merge_grid.x == 0),
-             plan, run.precision);
+  emu_decode<Pipeline>(kern::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits,
+                                                plan.row_tiles, a.total_q, a.workspace, nullptr, plan.merge_grid.x == 0),
+                       plan, run.precision);
   expect_counters_reset(a.workspace, plan);
   const std::string what = run.kernel == cuda::DecodeKernel::tensor_core ? "tensor-core dense decode" : "dense decode";
   if (run.precision == cuda::DecodePrecision::fast) {
@@ -645,6 +647,24 @@ TEST(CudaEmulated, DecodeTensorCoreFastWithinItsStatedBound) {
   std::printf("fast tensor-core decode, largest error / stated bound: K4V2_HC half %.3g, K2V2_R float %.3g, "
               "fp16 pages %.3g, bf16 pages %.3g\n", ratio[0], ratio[1], ratio[2], ratio[3]);
   for (double r : ratio) EXPECT_GT(r, 0.0);  // the bound was evaluated on rows with rounding error
+}
+// The tensor-core kernel with pipelines other than the default (kern::MmaPipeline, for the
+// benchmark sweeps of cuda::tuning): 1, 2 and 4 warps, 2 to 4 stages, quantized and fp16
+// pages, both precisions, against the same references.
+TEST(CudaEmulated, DecodeTensorCorePipelines) {
+  constexpr auto kFast = cuda::DecodePrecision::fast;
+  constexpr Policy P = presets::K4V2_HC.with_head_dim(128);
+  std::uint32_t seed = 150;
+  auto each = [&]<class Pipeline>() {
+    for (std::size_t i = 3; i < cases().size(); ++i) {
+      check_decode<P, half_t, Pipeline>(cases()[i], seed++, {.kernel = kTensorCore});
+      check_dense<half_t, 128, Pipeline>(cases()[i], seed++, {.kernel = kTensorCore});
+      check_dense<half_t, 128, Pipeline>(cases()[i], seed++, {.kernel = kTensorCore, .precision = kFast});
+    }
+  };
+  each.template operator()<kern::MmaPipeline<1, 4>>();
+  each.template operator()<kern::MmaPipeline<2, 3>>();
+  each.template operator()<kern::MmaPipeline<4, 2>>();
 }
 TEST(CudaEmulated, DenseDecode_half_d128) {
   std::uint32_t seed = 40;

@@ -381,17 +381,31 @@ struct MmaOps<DenseSource<T, HD>> {
   }
 };
 
-template <class Src>
+// Warps per CTA and cp.async stages per warp of the tensor-core kernel; 0 takes
+// MmaDecodeConfig's default. The launchers use the default; other pipelines exist for
+// benchmark sweeps (cuda::tuning in launch/launch.cuh) that choose the default by
+// measurement.
+template <int Warps = 0, int Stages = 0>
+struct MmaPipeline {
+  static_assert(Warps == 0 || Warps == 1 || Warps == 2 || Warps == 4, "kvq: 1, 2 or 4 warps per CTA");
+  static_assert(Stages == 0 || (Stages >= 2 && Stages <= 4), "kvq: 2 to 4 pipeline stages");
+  static constexpr int warps = Warps, stages = Stages;
+};
+
+template <class Src, class Pipeline = MmaPipeline<>>
 struct MmaDecodeConfig {
   using Ops = MmaOps<Src>;
   static_assert(Ops::kOk, "kvq: no tensor-core decode kernel for this cache type (MmaOps<Src>::kOk)");
   static constexpr int D = Src::D, R = kMmaRows, KS = D / 16;
   static constexpr std::size_t kTileBytes = std::size_t(Src::kcb + Src::kmb + Src::vcb + Src::vmb) * kWarpTokens;
-  // Warps and pipeline stages: the deepest pipeline whose staging stays ≤ 64 KiB per CTA
-  // (three CTAs per SM), preferring 4 warps.
-  static constexpr int NW = 3 * 4 * kTileBytes <= 65536 ? 4 : 2 * 4 * kTileBytes <= 65536 ? 4
-                          : 2 * 2 * kTileBytes <= 65536 ? 2 : 1;
-  static constexpr int NS = 3 * NW * kTileBytes <= 65536 ? 3 : 2;
+  // Warps and pipeline stages by default: the deepest pipeline whose staging stays
+  // ≤ 64 KiB per CTA (three CTAs per SM), preferring 4 warps.
+  static constexpr int kDefaultWarps = 3 * 4 * kTileBytes <= 65536   ? 4
+                                       : 2 * 4 * kTileBytes <= 65536 ? 4
+                                       : 2 * 2 * kTileBytes <= 65536 ? 2
+                                                                     : 1;
+  static constexpr int NW = Pipeline::warps ? Pipeline::warps : kDefaultWarps;
+  static constexpr int NS = Pipeline::stages ? Pipeline::stages : 3 * NW * kTileBytes <= 65536 ? 3 : 2;
   static constexpr int kMaxSplits = std::is_same_v<typename Ops::Operand, bfloat16_t> ? 3 : 2;
   // 16 warps per SM (≤ 128 registers) for d ≤ 128: left to itself ptxas gave K4V2 `exact`
   // 160 registers, 3 CTAs per SM, and 64 × 4K then ran in 1.3 waves. d 256, and 16-bit
@@ -422,12 +436,12 @@ __device__ __forceinline__ float sum_over_tokens(float x) {
 }
 
 // KP = DecodeKernelParams<Src, QT, OT> with MmaOps<Src>::kOk.
-template <class KP, DecodePrecision kPrecision>
-__global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type>::NW * 32,
-                                  MmaDecodeConfig<typename KP::source_type>::min_ctas_per_sm(kPrecision))
+template <class KP, DecodePrecision kPrecision, class Pipeline = MmaPipeline<>>
+__global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type, Pipeline>::NW * 32,
+                                  MmaDecodeConfig<typename KP::source_type, Pipeline>::min_ctas_per_sm(kPrecision))
     decode_mma_kernel(KP a) {
   using Src = typename KP::source_type;
-  using Cfg = MmaDecodeConfig<Src>;
+  using Cfg = MmaDecodeConfig<Src, Pipeline>;
   using Ops = MmaOps<Src>;
   using Operand = typename Ops::Operand;
   constexpr bool kHalf = std::is_same_v<Operand, half_t>;

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <utility>
 
 #include "kvq/cuda/config.cuh"
 #include "kvq/cuda/kernel/decode.cuh"
@@ -190,46 +191,99 @@ Status rotate_rows(const RotateArgs<P, T>& a, Stream stream, bool launch_with_pd
                              static_cast<long long>(a.num_rows) * a.num_heads, stream, launch_with_pdl, a);
 }
 
+namespace detail {
+
+// The kernel parameters of a validated decode call (quantized or 16-bit pages).
 template <Policy P, ActivationType QT, ActivationType OT>
-Status decode_attention(const DecodeArgs<P, QT, OT>& a, Stream stream, bool launch_with_pdl) {
+auto decode_kernel_params(const DecodeArgs<P, QT, OT>& a, const DecodePlan& plan) {
+  const kernel::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
+  return kernel::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles, a.total_q,
+                                    a.workspace, a.error_flags, plan.merge_grid.x == 0);
+}
+template <ActivationType T, int D, ActivationType QT, ActivationType OT>
+auto decode_kernel_params(const DenseDecodeArgs<T, D, QT, OT>& a, const DecodePlan& plan) {
+  const kernel::DenseSource<T, D> src{a.pool, a.num_pages, a.layout};
+  return kernel::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan.row_tiles,
+                                    a.total_q, a.workspace, a.error_flags, plan.merge_grid.x == 0);
+}
+template <class Args>
+using decode_kernel_params_t = decltype(decode_kernel_params(std::declval<const Args&>(), DecodePlan{}));
+
+template <class Args>
+Status decode_any(const Args& a, Stream stream, bool launch_with_pdl) {
   DecodePlan plan;
   KVQ_RETURN_IF_ERROR(validate(a, plan));
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
-  const kernel::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
-  const auto kp = kernel::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles,
-                                             a.total_q, a.workspace, a.error_flags, plan.merge_grid.x == 0);
-  return detail::launch_decode<std::decay_t<decltype(kp)>, DecodeArgs<P, QT, OT>::kTensorCoreOk>(
-      kp, plan, a.precision, stream, launch_with_pdl);
+  return launch_decode<decode_kernel_params_t<Args>, Args::kTensorCoreOk>(decode_kernel_params(a, plan), plan,
+                                                                         a.precision, stream, launch_with_pdl);
+}
+
+template <class Args>
+Status decode_ctas_per_sm_any(const Args& a, int& ctas) {
+  DecodePlan plan;
+  KVQ_RETURN_IF_ERROR(make_decode_plan(a.shape(), plan));
+  return ctas_per_sm<decode_kernel_params_t<Args>, Args::kTensorCoreOk>(plan, a.precision, ctas);
+}
+
+}  // namespace detail
+
+template <Policy P, ActivationType QT, ActivationType OT>
+Status decode_attention(const DecodeArgs<P, QT, OT>& a, Stream stream, bool launch_with_pdl) {
+  return detail::decode_any(a, stream, launch_with_pdl);
 }
 
 template <ActivationType T, int D, ActivationType QT, ActivationType OT>
 Status dense_decode_attention(const DenseDecodeArgs<T, D, QT, OT>& a, Stream stream, bool launch_with_pdl) {
-  DecodePlan plan;
-  KVQ_RETURN_IF_ERROR(validate(a, plan));
-  if (a.table.batch_size == 0 || a.total_q == 0) return {};
-  const kernel::DenseSource<T, D> src{a.pool, a.num_pages, a.layout};
-  const auto kp = kernel::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits,
-                                             plan.row_tiles, a.total_q, a.workspace, a.error_flags,
-                                             plan.merge_grid.x == 0);
-  return detail::launch_decode<std::decay_t<decltype(kp)>, DenseDecodeArgs<T, D, QT, OT>::kTensorCoreOk>(
-      kp, plan, a.precision, stream, launch_with_pdl);
+  return detail::decode_any(a, stream, launch_with_pdl);
 }
 
 template <Policy P, ActivationType QT, ActivationType OT>
 Status decode_ctas_per_sm(const DecodeArgs<P, QT, OT>& a, int& ctas) {
-  DecodePlan plan;
-  KVQ_RETURN_IF_ERROR(make_decode_plan(a.shape(), plan));
-  using KP = kernel::DecodeKernelParams<kernel::QuantSource<P>, QT, OT>;
-  return detail::ctas_per_sm<KP, DecodeArgs<P, QT, OT>::kTensorCoreOk>(plan, a.precision, ctas);
+  return detail::decode_ctas_per_sm_any(a, ctas);
 }
 
 template <ActivationType T, int D, ActivationType QT, ActivationType OT>
 Status decode_ctas_per_sm(const DenseDecodeArgs<T, D, QT, OT>& a, int& ctas) {
-  DecodePlan plan;
-  KVQ_RETURN_IF_ERROR(make_decode_plan(a.shape(), plan));
-  using KP = kernel::DecodeKernelParams<kernel::DenseSource<T, D>, QT, OT>;
-  return detail::ctas_per_sm<KP, DenseDecodeArgs<T, D, QT, OT>::kTensorCoreOk>(plan, a.precision, ctas);
+  return detail::decode_ctas_per_sm_any(a, ctas);
 }
+
+// ---- tuning: the tensor-core kernel with another pipeline --------------------------------
+// For benchmark sweeps that choose kernel::MmaDecodeConfig's default warps and stages by
+// measurement (bench_cuda_decode, BM_DecodePipe*): the validation, plan and launch of
+// decode_attention / dense_decode_attention, through decode_mma_kernel<KP, Precision,
+// Pipeline>. Args = DecodeArgs or DenseDecodeArgs with kTensorCoreOk whose plan chooses
+// the tensor-core kernel (otherwise `unsupported`); args.precision is ignored. Only TUs that include this header
+// can call them (they instantiate the kernel).
+namespace tuning {
+
+template <class Pipeline, DecodePrecision Precision, class Args>
+Status decode_ctas_per_sm(const Args&, int& ctas) {
+  static_assert(Args::kTensorCoreOk, "kvq: no tensor-core decode kernel for these arguments");
+  using KP = detail::decode_kernel_params_t<Args>;
+  using Cfg = kernel::MmaDecodeConfig<typename KP::source_type, Pipeline>;
+  auto* kern = &kernel::decode_mma_kernel<KP, Precision, Pipeline>;
+  if (Cfg::smem.total() > 48 * 1024)
+    KVQ_CUDA_CHECK(
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::smem.total())));
+  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kern, Cfg::NW * 32, Cfg::smem.total()));
+  return {};
+}
+
+template <class Pipeline, DecodePrecision Precision, class Args>
+Status decode_attention(const Args& a, Stream stream) {
+  static_assert(Args::kTensorCoreOk, "kvq: no tensor-core decode kernel for these arguments");
+  DecodePlan plan;
+  KVQ_RETURN_IF_ERROR(validate(a, plan));
+  if (a.table.batch_size == 0 || a.total_q == 0) return {};
+  if (plan.kernel != DecodeKernel::tensor_core)
+    return {StatusCode::unsupported, "cuda tuning::decode_attention: the plan did not choose the tensor-core kernel"};
+  using KP = detail::decode_kernel_params_t<Args>;
+  using Cfg = kernel::MmaDecodeConfig<typename KP::source_type, Pipeline>;
+  return detail::launch_decode_kernel(&kernel::decode_mma_kernel<KP, Precision, Pipeline>, Cfg::NW * 32,
+                                      Cfg::smem.total(), detail::decode_kernel_params(a, plan), plan, stream, false);
+}
+
+}  // namespace tuning
 
 template <ActivationType T>
 Status merge_states(const T* o1, const float* lse1, const T* o2, const float* lse2, int rows, int dim, T* out,
