@@ -82,6 +82,7 @@ def short(s):  # the kernel and its template arguments, compact
                lambda m: spec(re.match(q, m.group(0)[7:]), "K") + " " +
                spec(re.search(q + r", (\d+)\}$", m.group(0)), "V") + " d" + m.group(13), s)
     s = s.replace("(DecodePrecision)0", "fast").replace("(DecodePrecision)1", "exact")
+    s = re.sub(r", MmaPipeline<(\d), (\d)>", lambda m: "" if m.group(1) == "0" else f", w{m.group(1)}s{m.group(2)}", s)
     s = re.sub(r"DecodeKernelParams<(QuantSource|DenseSource)<([^>]*)>, (\w+), (\w+)>", r"\2, q/o \3", s)
     return re.sub(r">\(.*\)$", ">", s)[:140]
 print(f"{'regs':>4} {'spill st/ld':>11} {'stack':>5} {'smem':>6}  kernel (sm_90)")
