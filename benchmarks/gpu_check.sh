@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh — the one device check of kvq's CUDA side: tests, sanitizers, benchmarks and
-# the PyTorch peer in one run (90–110 s of command on an H200 on 2026-12-04, about 2 minutes
-# of a lease with the machine's start: several runs fit a 15-minute lease).
+# the PyTorch peer in one run (90–110 s of command on an H200 on 2026-12-04; BM_Step, the
+# pipeline sweep and a third profile were added since, unmeasured: allow ~4 minutes, and a
+# device timeout of 450 s or more).
 #
 #   benchmarks/gpu_check.sh --prepare [DIR]   on a build machine (nvcc, GoogleTest,
 #       Google Benchmark; no GPU needed): builds the sm_90 binaries with static cudart and
@@ -112,7 +113,7 @@ timeout 150 "$stage/test_cuda_kernels" --gtest_brief=1 2>&1 | tee "$out/tests.lo
 if grep -q "no CUDA device found" "$out/tests.log"; then echo "!! device tests skipped: no CUDA device found"; status=1; fi
 
 echo "== benchmarks"
-timeout 150 "$stage/bench_cuda_decode" --benchmark_min_time=0.05 --benchmark_counters_tabular=true \
+timeout 240 "$stage/bench_cuda_decode" --benchmark_min_time=0.05 --benchmark_counters_tabular=true \
   --benchmark_out="$out/bench.json" --benchmark_out_format=json > "$out/bench.txt" 2>&1
 tail -5 "$out/bench.txt"
 
