@@ -333,9 +333,14 @@ void BM_Decode(benchmark::State& state) {
   state.counters["graph_us"] = graph_us([&](cudaStream_t s) { (void)cuda::decode_attention(a, s); });
 }
 
-// 16-bit pages of type PT, with PT queries and outputs.
-template <ActivationType PT, cuda::DecodeKernel K>
+// 16-bit pages of type PT, with PT queries and outputs. A Pipeline (kernel::MmaPipeline)
+// runs the tensor-core kernel with other warps and stages through cuda::tuning, its splits
+// from that kernel's occupancy: the sweep from which MmaDecodeConfig's default for 16-bit
+// pages is chosen (today 2 warps × 2 stages: one 16 KiB tile in flight per warp, 3 CTAs per
+// SM).
+template <ActivationType PT, cuda::DecodeKernel K, class Pipeline = void>
 void BM_Decode16(benchmark::State& state) {
+  constexpr bool kTuned = !std::is_void_v<Pipeline>;
   const int batch = state.range(0), ctx = state.range(1);
   Dev dev;
   const DensePageLayout<PT, kD> layout{kPage, kHkv};
@@ -348,44 +353,22 @@ void BM_Decode16(benchmark::State& state) {
   a.layout = layout;
   a.table = tab.view;
   a.kernel = K;
-  if (!setup_decode(dev, a, batch, ctx)) return state.SkipWithError("setup failed");
+  auto decode = [&](cudaStream_t s) {
+    if constexpr (kTuned) return cuda::tuning::decode_attention<Pipeline, cuda::DecodePrecision::fast>(a, s);
+    else return cuda::dense_decode_attention(a, s);
+  };
   Status st;
-  time_loop(state, [&] { (void)(st = cuda::dense_decode_attention(a, nullptr)); });
+  int ctas = 0;  // setup_decode asks the default kernel's occupancy
+  if constexpr (kTuned) {
+    const Status occupancy = cuda::tuning::decode_ctas_per_sm<Pipeline, cuda::DecodePrecision::fast>(a, ctas);
+    if (!occupancy.ok() || ctas < 1) return state.SkipWithError(("occupancy: " + occupancy.to_string()).c_str());
+    state.counters["ctas_per_sm"] = ctas;
+  }
+  if (!setup_decode(dev, a, batch, ctx, ctas)) return state.SkipWithError("setup failed");
+  time_loop(state, [&] { (void)(st = decode(nullptr)); });
   if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
   set_decode_counters(state, batch, ctx, 2 * kD * sizeof(PT), a.num_splits);
-  state.counters["graph_us"] = graph_us([&](cudaStream_t s) { (void)cuda::dense_decode_attention(a, s); });
-}
-
-// fp16 pages through the tensor-core kernel with another pipeline (Warps per CTA, Stages
-// per warp; cuda::tuning), splits from that kernel's occupancy: the sweep from which
-// kernel::MmaDecodeConfig's default for 16-bit pages is chosen (today 2 warps, 2 stages:
-// one 16 KiB tile in flight per warp, 3 CTAs per SM).
-template <int Warps, int Stages>
-void BM_DecodePipeFP16(benchmark::State& state) {
-  using Pipeline = cuda::kernel::MmaPipeline<Warps, Stages>;
-  constexpr auto kFast = cuda::DecodePrecision::fast;
-  const int batch = state.range(0), ctx = state.range(1);
-  Dev dev;
-  const DensePageLayout<half_t, kD> layout{kPage, kHkv};
-  Table tab;
-  std::byte* pool = random_cache(dev, tab, batch, ctx, layout);
-  if (!pool) return state.SkipWithError("cache allocation or fill failed");
-  cuda::DenseDecodeArgs<half_t, kD, half_t, half_t> a;
-  a.pool = pool;
-  a.num_pages = tab.num_pages;
-  a.layout = layout;
-  a.table = tab.view;
-  a.kernel = cuda::DecodeKernel::tensor_core;
-  int ctas = 0;
-  Status st = cuda::tuning::decode_ctas_per_sm<Pipeline, kFast>(a, ctas);
-  if (!st.ok() || ctas < 1) return state.SkipWithError(("occupancy: " + st.to_string()).c_str());
-  if (!setup_decode(dev, a, batch, ctx, ctas)) return state.SkipWithError("setup failed");
-  time_loop(state, [&] { (void)(st = cuda::tuning::decode_attention<Pipeline, kFast>(a, nullptr)); });
-  if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
-  set_decode_counters(state, batch, ctx, 2 * kD * sizeof(half_t), a.num_splits);
-  state.counters["ctas_per_sm"] = ctas;
-  state.counters["graph_us"] =
-      graph_us([&](cudaStream_t s) { (void)cuda::tuning::decode_attention<Pipeline, kFast>(a, s); });
+  state.counters["graph_us"] = graph_us([&](cudaStream_t s) { (void)decode(s); });
 }
 
 // The append of one new row for each of the table's sequences, at `position`, into
@@ -536,7 +519,9 @@ BENCHMARK_TEMPLATE(BM_Decode16, bfloat16_t, cuda::DecodeKernel::simt)->Name("BM_
 BENCHMARK_TEMPLATE(BM_Decode16, bfloat16_t, cuda::DecodeKernel::tensor_core)->Name("BM_DecodeBF16TC")->Apply(decode_shapes);
 // The pipeline sweep for 16-bit pages (the default, w2s2, is BM_DecodeFP16TC).
 #define KVQ_BENCH_PIPE(W, S) \
-  BENCHMARK_TEMPLATE(BM_DecodePipeFP16, W, S)->Name("BM_DecodePipeFP16TC/w" #W "s" #S)->Apply(target_shapes);
+  BENCHMARK_TEMPLATE(BM_Decode16, half_t, cuda::DecodeKernel::tensor_core, cuda::kernel::MmaPipeline<W, S>) \
+      ->Name("BM_DecodePipeFP16TC/w" #W "s" #S)                                                             \
+      ->Apply(target_shapes);
 KVQ_BENCH_PIPE(1, 2)
 KVQ_BENCH_PIPE(1, 3)
 KVQ_BENCH_PIPE(1, 4)
