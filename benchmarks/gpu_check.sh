@@ -205,7 +205,7 @@ for b in runs:
     if b["name"].startswith("BM_Append"):
         name = b["name"].replace("/manual_time", "")
         line = f"{name:<40} {b['real_time']:9.1f} us  {b['Mtok/s']:8.2f} Mtok/s"
-        m = re.match(r"BM_Append/(\w+)/tokens:64$", name)
+        m = re.match(r"BM_Append/(\w+)/tokens:64(/slots:\d)?$", name)
         step = times.get(f"BM_DecodeTC/{m.group(1)}/batch:64/ctx:4096") if m else None
         if step:  # one decode step of 64 sequences appends 64 tokens
             line += f"   {100 * b['real_time'] / step:5.1f}% of the 64 x 4K TC decode step"

@@ -11,10 +11,12 @@
 //   BM_DecodePipeFP16TC/wWsS  fp16 pages through the tensor-core kernel with W warps per
 //                     CTA and S pipeline stages (cuda::tuning): the pipeline sweep
 //   BM_Append<P>      fused quantize-append of one decode step (batch tokens) and of a
-//                     prefill chunk; tokens/s, device time from a replayed CUDA graph
+//                     prefill chunk, addressed by position or slot_mapping (slots:1);
+//                     tokens/s, device time from a replayed CUDA graph
 //   BM_Step<P>        one decode step as an engine runs it: append the batch's new rows,
 //                     then decode (tensor-core kernel), back to back on one stream, with
-//                     and without programmatic dependent launch (pdl:1); append_% is
+//                     and without programmatic dependent launch (pdl:1), the append by
+//                     position or by slot_mapping (slots:1); append_% is
 //                     step_us over decode_us, minus one, both timed alike in the same run
 // Shapes: Llama-3-8B-like layer, Hkv = 8, Hq = 32 (GQA 4), head_dim 128, page 64;
 // batch × context from 1×4K to 64×32K. Caches hold random codes and metadata (or random
@@ -373,16 +375,24 @@ void BM_Decode16(benchmark::State& state) {
 
 // The append of one new row for each of the table's sequences, at `position`, into
 // `pool`: random N(0, 1) rows (constant ones would make every group constant: one clip
-// round, codes 0).
+// round, codes 0). With `slots` the rows are addressed by a slot_mapping instead of batch
+// indices and positions (Table: sequence b owns pages b·pages …).
 template <Policy P>
-bool setup_append(Dev& dev, cuda::AppendArgs<P, T>& a, std::byte* pool, const Table& tab, int position) {
+bool setup_append(Dev& dev, cuda::AppendArgs<P, T>& a, std::byte* pool, const Table& tab, int position,
+                  bool slots = false) {
   const int batch = tab.view.batch_size;
   auto* rows = dev.alloc<T>(std::size_t(batch) * kHkv * kD);
   auto* bi = dev.alloc<std::int32_t>(batch);
   auto* pos = dev.alloc<std::int32_t>(batch);
-  if (!pool || !rows || !bi || !pos) return false;
+  auto* slot = dev.alloc<std::int64_t>(batch);
+  if (!pool || !rows || !bi || !pos || !slot) return false;
   std::vector<std::int32_t> b(batch), p(batch, position);
   std::iota(b.begin(), b.end(), 0);
+  std::vector<std::int64_t> host_slots(batch);
+  const std::int64_t pages = tab.num_pages / batch;
+  for (int i = 0; i < batch; ++i) host_slots[i] = (i * pages + position / kPage) * kPage + position % kPage;
+  if (cudaMemcpy(slot, host_slots.data(), batch * 8, cudaMemcpyHostToDevice) != cudaSuccess) return false;
+  a.slot_mapping = slots ? slot : nullptr;
   std::vector<T> host_rows(std::size_t(batch) * kHkv * kD);
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
@@ -400,7 +410,8 @@ bool setup_append(Dev& dev, cuda::AppendArgs<P, T>& a, std::byte* pool, const Ta
   return true;
 }
 
-// Fused quantize-append of `tokens` new tokens (decode step: one per sequence).
+// Fused quantize-append of `tokens` new tokens (decode step: one per sequence), addressed
+// by batch index and position (slots:0) or by a slot_mapping (slots:1).
 template <Policy P>
 void BM_Append(benchmark::State& state) {
   const int tokens = state.range(0);
@@ -409,7 +420,7 @@ void BM_Append(benchmark::State& state) {
   if (!tab.init(dev, tokens, 1)) return state.SkipWithError("allocation failed");
   const PageLayout<P> layout{kPage, kHkv};
   cuda::AppendArgs<P, T> a;
-  if (!setup_append(dev, a, dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages), tab, 0))
+  if (!setup_append(dev, a, dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages), tab, 0, state.range(1) != 0))
     return state.SkipWithError("setup failed");
   Status st;
   time_graph(state, [&](cudaStream_t s) { (void)(st = cuda::append_kv(a, s)); });
@@ -440,7 +451,8 @@ double host_us(cudaStream_t stream, F&& launch, int reps = 20) {
 }
 
 // One decode step: append one new row per sequence at its last position (ctx − 1), then
-// decode through the tensor-core kernel; state.range(2) = launch_with_pdl.
+// decode through the tensor-core kernel; state.range(2) = launch_with_pdl, range(3) = the
+// append addressed by a slot_mapping.
 template <Policy P>
 void BM_Step(benchmark::State& state) {
   const int batch = state.range(0), ctx = state.range(1);
@@ -451,7 +463,7 @@ void BM_Step(benchmark::State& state) {
   std::byte* pool = random_cache(dev, tab, batch, ctx, layout);
   if (!pool) return state.SkipWithError("cache allocation or fill failed");
   cuda::AppendArgs<P, T> ap;
-  if (!setup_append(dev, ap, pool, tab, ctx - 1)) return state.SkipWithError("setup failed");
+  if (!setup_append(dev, ap, pool, tab, ctx - 1, state.range(3) != 0)) return state.SkipWithError("setup failed");
   cuda::DecodeArgs<P, T, T> dc;
   dc.cache = {pool, tab.num_pages, layout};
   dc.table = tab.view;
@@ -501,15 +513,14 @@ void target_shapes(benchmark::internal::Benchmark* b) {
       ->Apply(decode_shapes);                                                                          \
   BENCHMARK_TEMPLATE(BM_Append, POLICY)                                                 \
       ->Name("BM_Append/" #ID)                                                          \
-      ->ArgName("tokens")                                                               \
-      ->Arg(64)                                                                         \
-      ->Arg(16384)                                                                      \
+      ->ArgNames({"tokens", "slots"})                                                   \
+      ->ArgsProduct({{64, 16384}, {0, 1}})                                              \
       ->UseManualTime()                                                                 \
       ->Unit(benchmark::kMicrosecond);                                                  \
   BENCHMARK_TEMPLATE(BM_Step, POLICY)                                                   \
       ->Name("BM_Step/" #ID)                                                            \
-      ->ArgsProduct({{1, 64}, {4096}, {0, 1}})                                          \
-      ->ArgNames({"batch", "ctx", "pdl"})                                               \
+      ->ArgsProduct({{1, 64}, {4096}, {0, 1}, {0, 1}})                                  \
+      ->ArgNames({"batch", "ctx", "pdl", "slots"})                                      \
       ->UseManualTime()                                                                 \
       ->Unit(benchmark::kMicrosecond);
 KVQ_INSTANTIATIONS(KVQ_BENCH)

@@ -158,6 +158,14 @@ inline TokenList all_tokens(const RaggedTable& t, std::uint32_t seed) {
   return out;
 }
 
+// vLLM's slot_mapping of the tokens: pool slot page·P + pos mod P (cuda::AppendArgs).
+inline std::vector<std::int64_t> slot_mapping(const RaggedTable& t, const TokenList& tok) {
+  std::vector<std::int64_t> slots;
+  for (int i = 0; i < tok.size(); ++i)
+    slots.push_back(std::int64_t(t.host().page_of(tok.batch[i], tok.pos[i])) * t.page_size + tok.pos[i] % t.page_size);
+  return slots;
+}
+
 // Run-time rotation parameters a policy needs (host and device copies).
 struct Rotations {
   std::vector<float> key_mean, key_rot, value_mean, value_rot;

@@ -519,6 +519,48 @@ TEST(CudaEmulated, AppendRejectsOutOfRange) {
   EXPECT_TRUE(std::all_of(pool.begin(), pool.end(), [](std::byte x) { return x == std::byte{0xA5}; }));
 }
 
+// An append addressed by a slot_mapping (vLLM's convention) writes the bytes of the one
+// addressed by (batch index, position); padding tokens (slot −1) write nothing, and a slot
+// past the pool is skipped and reported (kBadPage). Both warp splits of the append.
+TEST(CudaEmulated, AppendBySlotMappingWritesWhatPositionsWrite) {
+  constexpr Policy P = presets::K4V2_HC.with_head_dim(128);
+  constexpr int D = P.head_dim, hkv = 2, extra = 3;
+  const RaggedTable tab = make_table({1, 37, 0, 70}, 16, 31);
+  const PageLayout<P> layout{16, hkv};
+  const TokenList tok = all_tokens(tab, 32);
+  const int n = tok.size();
+  // Rows [extra + n, Hkv, D]: two padding tokens and one past the pool, then the real ones.
+  const auto keys = convert<half_t>(outlier_channels(extra + n, hkv, D, 33));
+  const auto values = convert<half_t>(random_normal(std::size_t(extra + n) * hkv * D, 34, 1.5f));
+  std::vector<std::int64_t> slots = {-1, std::int64_t(tab.num_pages) * tab.page_size + 5, -7};
+  for (const std::int64_t s : slot_mapping(tab, tok)) slots.push_back(s);
+  Rotations rot;
+  make_rotations_host<P>(rot, hkv, 35);
+  std::vector<std::byte> ref(layout.page_bytes() * tab.num_pages, std::byte{0xA5});
+  const std::size_t skip = std::size_t(extra) * hkv * D;
+  ASSERT_TRUE((append_kv<P, half_t>(PagedCacheView<P>{ref.data(), tab.num_pages, layout}, tab.host(),
+                                    keys.data() + skip, values.data() + skip, n, tok.batch.data(), tok.pos.data(),
+                                    rot.host()))
+                  .ok());
+  for (const int parts : {1, 2}) {
+    std::vector<std::byte> got(ref.size(), std::byte{0xA5});
+    unsigned flags = 0;
+    cuda::AppendArgs<P, half_t> a;
+    a.cache = {got.data(), tab.num_pages, layout};
+    a.keys = keys.data(), a.values = values.data();
+    a.num_tokens = extra + n;
+    a.rotation = rot.host();
+    a.error_flags = &flags;
+    a.slot_mapping = slots.data();
+    ASSERT_TRUE(cuda::validate(a).ok()) << "no table, batch indices or positions are needed";
+    emu_append(a, hkv, parts);
+    EXPECT_EQ(flags, unsigned(cuda::kBadPage)) << "parts " << parts;
+    const auto diff = std::mismatch(got.begin(), got.end(), ref.begin());
+    EXPECT_TRUE(diff.first == got.end()) << "parts " << parts << ": first differing byte "
+                                         << (diff.first - got.begin()) << " of " << got.size();
+  }
+}
+
 TEST(CudaEmulated, AppendDequantizeRotate_K4V2_HC_d128_half) {
   check_rows<presets::K4V2_HC.with_head_dim(128), half_t>(2, 16, {1, 37, 0, 70}, 1);
 }

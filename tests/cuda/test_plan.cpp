@@ -213,6 +213,17 @@ TEST(CudaValidate, Append) {
   b = a;
   b.table.indices = nullptr;
   EXPECT_FALSE(validate(b).ok());
+  b = a;
+  b.positions = nullptr;
+  EXPECT_NE(validate(b).message().find("positions"), std::string::npos);
+  // A slot_mapping replaces the table, batch indices and positions.
+  const std::int64_t slots[2] = {0, 1};
+  b.slot_mapping = slots;
+  b.batch_indices = nullptr;
+  b.table = {};
+  EXPECT_TRUE(validate(b).ok());
+  b.keys = nullptr;
+  EXPECT_FALSE(validate(b).ok());
 
   AppendArgs<kPC, half_t> c{cache<kPC>(), table(), g_rows, g_rows, 2, g_ints, g_ints, {}, nullptr};
   EXPECT_NE(validate(c).message().find("key_mean"), std::string::npos);

@@ -1,6 +1,7 @@
-// GPU fused quantize-append, dequantize and rotate versus the CPU reference: codes and
-// metadata bit-identical, nothing written outside the addressed slots, dequantized and
-// rotated rows bit-identical. Runs for every instantiated (policy, head_dim, dtype).
+// GPU fused quantize-append (addressed by position or by slot_mapping), dequantize and
+// rotate versus the CPU reference: codes and metadata bit-identical, nothing written
+// outside the addressed slots, dequantized and rotated rows bit-identical. Runs for every
+// instantiated (policy, head_dim, dtype).
 #include "cuda_test_utils.hpp"
 #include "kvq_cuda_tests_kvq_instantiations.hpp"
 
@@ -47,23 +48,29 @@ void check_append(int hkv, int page_size, const std::vector<int>& lens, std::uin
   KVQ_EXPECT_OK((append_kv<P, T>(PagedCacheView<P>{ref.data(), tab.num_pages, layout}, tab.host(), keys.data(),
                                  values.data(), n, tok.batch.data(), tok.pos.data(), rot.host())));
 
-  // GPU: prefill (first half of the tokens) then "decode" (the rest), poisoned pool.
+  // GPU: prefill (first half of the tokens, addressed by batch index and position) then
+  // "decode" (the rest, addressed by a slot_mapping), poisoned pool.
   DeviceBuffer<std::byte> pool(pool_bytes);
   pool.fill_bytes(kPoisonByte);
   DeviceTable dt(tab);
   DeviceBuffer<T> dk(keys), dv(values);
   DeviceBuffer<std::int32_t> db(tok.batch), dp(tok.pos);
+  DeviceBuffer<std::int64_t> dslots(slot_mapping(tab, tok));
   DeviceBuffer<unsigned> flags(std::vector<unsigned>{0u});
   const int n1 = n / 2;
   for (auto [first, count] : {std::pair{0, n1}, std::pair{n1, n - n1}}) {
     cuda::AppendArgs<P, T> a;
     a.cache = {pool.get(), tab.num_pages, layout};
-    a.table = dt.view();
     a.keys = dk.get() + std::size_t(first) * hkv * D;
     a.values = dv.get() + std::size_t(first) * hkv * D;
     a.num_tokens = count;
-    a.batch_indices = db.get() + first;
-    a.positions = dp.get() + first;
+    if (first == 0) {
+      a.table = dt.view();
+      a.batch_indices = db.get() + first;
+      a.positions = dp.get() + first;
+    } else {
+      a.slot_mapping = dslots.get() + first;
+    }
     a.rotation = rot.device();
     a.error_flags = flags.get();
     KVQ_EXPECT_OK(cuda::append_kv(a, nullptr));

@@ -43,6 +43,21 @@ __device__ __forceinline__ SlotRef locate(const PageTableView& t, int num_pages,
   return r;
 }
 
+// The page and row of pool slot s (vLLM's slot_mapping): s < 0 is padding (page −1, no
+// error: the token is skipped silently).
+__device__ __forceinline__ SlotRef locate_slot(std::int64_t s, int page_size, int num_pages) {
+  SlotRef r;
+  if (s < 0) return r;
+  const std::int64_t page = s / page_size;
+  if (page >= num_pages) {
+    r.error = kBadPage;
+  } else {
+    r.page = static_cast<int>(page);
+    r.slot = static_cast<int>(s - page * page_size);
+  }
+  return r;
+}
+
 __device__ __forceinline__ void report(unsigned* flags, unsigned bits) {
   if (flags && bits && warp::lane_id() == 0) atomicOr(flags, bits);
 }
@@ -177,8 +192,10 @@ __global__ void __launch_bounds__(kRowWarpsPerBlock * 32) append_kernel(Args a, 
   const std::size_t off = (std::size_t(i) * hkv + h) * D;
   float x[E];
   warp::load_row<D>((value ? a.values : a.keys) + off, x);  // in flight during the page lookup
-  const SlotRef at = locate(a.table, a.cache.num_pages, a.batch_indices[i], a.positions[i]);
-  if (at.error) {
+  const SlotRef at = a.slot_mapping
+                        ? locate_slot(a.slot_mapping[i], a.cache.layout.page_size, a.cache.num_pages)
+                        : locate(a.table, a.cache.num_pages, a.batch_indices[i], a.positions[i]);
+  if (at.error || at.page < 0) {  // out of range (reported) or padding
     report(a.error_flags, at.error);
     return;
   }

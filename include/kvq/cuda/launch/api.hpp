@@ -57,6 +57,11 @@ using Stream = CUstream_st*;  // the same type as cudaStream_t
 //                   already include it (the engine grows the table first)
 // Token i of head h goes to page indices[indptr[b] + pos / P], slot pos % P, with
 // codes and metadata bit-identical to kvq::append_kv (kvq/cache/append.hpp).
+//   slot_mapping  : optional [num_tokens], vLLM's convention: token i goes to pool slot
+//                   s = slot_mapping[i], i.e. page s / P, row s % P (P = the layout's page
+//                   size); s < 0 skips the token (padding). When given, table,
+//                   batch_indices and positions are not read, and a token costs one
+//                   dependent load before its page is known instead of three.
 template <Policy P, ActivationType T>
 struct AppendArgs {
   static constexpr Policy kPolicy = P;
@@ -70,6 +75,7 @@ struct AppendArgs {
   const std::int32_t* positions = nullptr;
   RotationParams rotation{};
   unsigned* error_flags = nullptr;  // optional
+  const std::int64_t* slot_mapping = nullptr;  // optional, see above
 };
 
 // Dequantize tokens back to rows in the ORIGINAL basis (inverse rotation, means added),
@@ -227,14 +233,19 @@ Status validate(const AppendArgs<P, T>& a) {
   static_assert(check_policy<P>());
   KVQ_CHECK_ARG(a.num_tokens >= 0, invalid_argument, "cuda append: negative num_tokens");
   if (a.num_tokens == 0) return {};
-  KVQ_CHECK_ARG(a.keys && a.values && a.batch_indices && a.positions, invalid_argument,
-                "cuda append: keys, values, batch_indices and positions must not be null");
+  KVQ_CHECK_ARG(a.keys && a.values, invalid_argument, "cuda append: keys and values must not be null");
+  KVQ_CHECK_ARG(a.slot_mapping || (a.batch_indices && a.positions), invalid_argument,
+                "cuda append: batch_indices and positions (or a slot_mapping) must not be null");
   KVQ_CHECK_ARG(a.cache.pool && a.cache.num_pages >= 1, invalid_argument, "cuda append: empty cache pool");
   KVQ_CHECK_ARG(reinterpret_cast<std::uintptr_t>(a.cache.pool) % 16 == 0, invalid_argument,
                 "cuda append: cache pool must be 16-byte aligned");
   KVQ_CHECK_ARG(a.cache.layout.num_kv_heads >= 1, invalid_argument, "cuda append: num_kv_heads must be >= 1");
-  KVQ_RETURN_IF_ERROR(detail::validate_table_shape(a.table, a.cache.layout.page_size, "cuda append"));
-  KVQ_CHECK_ARG(a.table.batch_size >= 1, invalid_argument, "cuda append: tokens given but batch_size is 0");
+  if (a.slot_mapping) {
+    KVQ_CHECK_ARG(a.cache.layout.page_size >= 1, invalid_argument, "cuda append: page_size must be >= 1");
+  } else {
+    KVQ_RETURN_IF_ERROR(detail::validate_table_shape(a.table, a.cache.layout.page_size, "cuda append"));
+    KVQ_CHECK_ARG(a.table.batch_size >= 1, invalid_argument, "cuda append: tokens given but batch_size is 0");
+  }
   return validate_rotation_params<P>(a.rotation);
 }
 
