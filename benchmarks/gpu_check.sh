@@ -184,7 +184,7 @@ for b in runs:
     head, policy, batch, ctx = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
     kind = {"DecodeFP16": "fp16 pages", "DecodeFP16TC": "fp16 pages TC", "DecodeBF16": "bf16 pages",
             "DecodeBF16TC": "bf16 pages TC",
-            "DecodePipeFP16TC": f"fp16 TC {policy}",
+            "DecodePipeFP16TC": f"fp16 TC {policy}", "DecodeTCSplits": f"{policy} TC split",
             "Decode": f"{policy}", "DecodeTC": f"{policy} TC", "DecodeTCExact": f"{policy} TC exact"}[head]
     kind = kind.replace("_d128_half", "")
     shapes.setdefault((batch, ctx), []).append((kind, b))

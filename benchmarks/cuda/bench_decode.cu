@@ -4,7 +4,8 @@
 //   BM_Decode<P>      quantized split-KV decode, CUDA-core kernel: GB/s on PACKED bytes
 //                     read, FMA/s
 //   BM_DecodeTC<P>    the same through the tensor-core kernel (kernel/decode_mma.cuh),
-//                     DecodePrecision::fast; BM_DecodeTCExact: DecodePrecision::exact
+//                     DecodePrecision::fast; BM_DecodeTCExact: DecodePrecision::exact;
+//                     BM_DecodeTCSplits: 1 × 32K and 8 × 8K at other split counts
 //   BM_DecodeFP16<K>  the full-precision baseline of the same design on an fp16 cache
 //                     (16-bit pages: the bytes of a BF16 cache), both kernels
 //   BM_DecodeBF16<K>  the same on a bf16 cache with bf16 queries and outputs, both kernels
@@ -269,9 +270,10 @@ std::byte* random_cache(Dev& dev, Table& tab, int batch, int ctx, const Layout& 
 }
 
 // Queries, outputs (of the arguments' activation type) and split workspace of one decode step.
-// ctas: resident CTAs per SM of the kernel the call launches (0: ask decode_ctas_per_sm).
+// ctas: resident CTAs per SM of the kernel the call launches (0: ask decode_ctas_per_sm);
+// splits: the split count (0: suggest_num_splits for that occupancy).
 template <class Args>
-bool setup_decode(Dev& dev, Args& a, int batch, int ctx, int ctas = 0) {
+bool setup_decode(Dev& dev, Args& a, int batch, int ctx, int ctas = 0, int splits = 0) {
   using QT = std::remove_cvref_t<decltype(*a.params.q)>;
   std::vector<std::int32_t> qi(batch + 1);
   for (int b = 0; b <= batch; ++b) qi[b] = b;
@@ -294,7 +296,7 @@ bool setup_decode(Dev& dev, Args& a, int batch, int ctx, int ctas = 0) {
   s.num_splits = 1;
   if (!cuda::make_decode_plan(s, plan).ok()) return false;
   if (ctas <= 0 && !cuda::decode_ctas_per_sm(a, ctas).ok()) return false;
-  a.num_splits = cuda::suggest_num_splits(batch, kHkv, plan.row_tiles, ctx, num_sms(), 256, ctas);
+  a.num_splits = splits > 0 ? splits : cuda::suggest_num_splits(batch, kHkv, plan.row_tiles, ctx, num_sms(), 256, ctas);
   a.workspace_bytes = cuda::decode_workspace_bytes(a);
   a.workspace = a.workspace_bytes ? dev.alloc<std::byte>(a.workspace_bytes) : nullptr;
   if (a.workspace && cudaMemset(a.workspace, 0, a.workspace_bytes) != cudaSuccess) return false;  // zero once
@@ -313,9 +315,9 @@ void set_decode_counters(benchmark::State& state, int batch, int ctx, std::size_
 }
 
 // Quantized decode through the CUDA-core or the tensor-core kernel (same plan otherwise),
-// the latter in either precision.
-template <Policy P, cuda::DecodeKernel K, cuda::DecodePrecision Prec = cuda::DecodePrecision::fast>
-void BM_Decode(benchmark::State& state) {
+// the latter in either precision; splits > 0 sets the split count.
+template <Policy P, cuda::DecodeKernel K, cuda::DecodePrecision Prec>
+void run_decode(benchmark::State& state, int splits) {
   const int batch = state.range(0), ctx = state.range(1);
   Dev dev;
   const PageLayout<P> layout{kPage, kHkv};
@@ -327,12 +329,23 @@ void BM_Decode(benchmark::State& state) {
   a.table = tab.view;
   a.kernel = K;
   a.precision = Prec;
-  if (!setup_decode(dev, a, batch, ctx)) return state.SkipWithError("setup failed");
+  if (!setup_decode(dev, a, batch, ctx, 0, splits)) return state.SkipWithError("setup failed");
   Status st;
   time_loop(state, [&] { (void)(st = cuda::decode_attention(a, nullptr)); });
   if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
   set_decode_counters(state, batch, ctx, PageLayout<P>::kBytesPerTokenHead, a.num_splits);
   state.counters["graph_us"] = graph_us([&](cudaStream_t s) { (void)cuda::decode_attention(a, s); });
+}
+template <Policy P, cuda::DecodeKernel K, cuda::DecodePrecision Prec = cuda::DecodePrecision::fast>
+void BM_Decode(benchmark::State& state) {
+  run_decode<P, K, Prec>(state, 0);
+}
+// The tensor-core kernel at the split count range(2) (0: the suggested one): the small
+// batches' sweep, where a CTA streams few tiles and the split count trades the pipeline's
+// fill and the merge against parallelism.
+template <Policy P>
+void BM_DecodeTCSplits(benchmark::State& state) {
+  run_decode<P, cuda::DecodeKernel::tensor_core, cuda::DecodePrecision::fast>(state, static_cast<int>(state.range(2)));
 }
 
 // 16-bit pages of type PT, with PT queries and outputs. A Pipeline (kernel::MmaPipeline)
@@ -497,6 +510,12 @@ void decode_shapes(benchmark::internal::Benchmark* b) {
     b->Args({batch, ctx});
   b->ArgNames({"batch", "ctx"})->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
+// The small batches with the suggested split count (0) and others.
+void split_shapes(benchmark::internal::Benchmark* b) {
+  for (const int splits : {0, 16, 32, 64, 128}) b->Args({1, 32768, splits});
+  for (const int splits : {0, 4, 8, 16, 32}) b->Args({8, 8192, splits});
+  b->ArgNames({"batch", "ctx", "splits"})->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
 // The shapes of issue 9's targets, for the pipeline sweep.
 void target_shapes(benchmark::internal::Benchmark* b) {
   for (auto [batch, ctx] : {std::pair{1, 32768}, {8, 8192}, {16, 32768}, {64, 32768}}) b->Args({batch, ctx});
@@ -508,6 +527,7 @@ void target_shapes(benchmark::internal::Benchmark* b) {
   BENCHMARK_TEMPLATE(BM_Decode, POLICY, cuda::DecodeKernel::tensor_core)                               \
       ->Name("BM_DecodeTC/" #ID)                                                                       \
       ->Apply(decode_shapes);                                                                          \
+  BENCHMARK_TEMPLATE(BM_DecodeTCSplits, POLICY)->Name("BM_DecodeTCSplits/" #ID)->Apply(split_shapes);         \
   BENCHMARK_TEMPLATE(BM_Decode, POLICY, cuda::DecodeKernel::tensor_core, cuda::DecodePrecision::exact) \
       ->Name("BM_DecodeTCExact/" #ID)                                                                  \
       ->Apply(decode_shapes);                                                                          \
