@@ -10,11 +10,13 @@
 #       (registers, spills, shared memory) to DIR/ptxas.txt, and stages the binaries,
 #       libbenchmark and ../shared/bench/torch_sdpa_peer.py into DIR (default
 #       build-gpu/stage, a few MiB).
-#   benchmarks/gpu_check.sh [DIR]             on the GPU machine: host and device tests,
+#   benchmarks/gpu_check.sh [DIR]             on the GPU machine: host and device tests, the
+#       engine example (examples/cuda, which checks itself against the CPU),
 #       bench_cuda_decode, the torch peer, three Nsight Compute profiles (sections and stall
-#       reasons; K4V2 and fp16 pages at 16 x 32K, K4V2 at 1 x 32K), one table per shape (µs, GB/s on packed bytes, % of the device copy, ×
-#       over torch's BF16 SDPA, all from this run; appends as % of a decode step, and
-#       append + decode steps with and without programmatic dependent launch), then
+#       reasons; K4V2 and fp16 pages at 16 x 32K, K4V2 at 1 x 32K), one table per shape (µs,
+#       GB/s on packed bytes, % of the device copy, × over torch's BF16 SDPA, all from this
+#       run; appends as % of a decode step, append + decode steps with and without
+#       programmatic dependent launch and slot_mapping, the pipeline and split sweeps), then
 #       compute-sanitizer memcheck and racecheck on a subset, and the table again. Logs, JSON
 #       and the profiles go to $KVQ_GPU_CHECK_OUT (default $OUT, else /tmp)/kvq_gpu_check:
 #       summary.txt, bench.json, peer.json, ptxas.txt and tests.log as files, everything else
@@ -38,13 +40,13 @@ if [ "${1:-}" = "--prepare" ]; then
   # so that the log holds all of them.
   find "$build" -path '*CMakeFiles*' -name '*.cu.o' -delete
   rc=0
-  cmake --build "$build" -j"${JOBS:-2}" --target test_cuda_plan test_cuda_kernels bench_cuda_decode \
+  cmake --build "$build" -j"${JOBS:-2}" --target test_cuda_plan test_cuda_kernels bench_cuda_decode kvq_cuda_engine \
     > "$build/build.log" 2>&1 || rc=$?
   grep -v -e "ptxas info" -e "bytes stack frame" "$build/build.log" | tail -15
   [ $rc -eq 0 ] || { echo "gpu_check --prepare: build failed (log: $build/build.log)"; exit 1; }
   mkdir -p "$stage/lib"
   cp "$build/tests/cuda/test_cuda_plan" "$build/tests/cuda/test_cuda_kernels" \
-     "$build/benchmarks/cuda/bench_cuda_decode" "$stage/"
+     "$build/benchmarks/cuda/bench_cuda_decode" "$build/examples/cuda/kvq_cuda_engine" "$stage/"
   peer="$here/../shared/bench/torch_sdpa_peer.py"
   if [ -f "$peer" ]; then cp "$peer" "$stage/"; else echo "!! $peer not found: the run will have no torch peer"; fi
   # Google Benchmark is only available as a shared library here; ship it with the C++
@@ -111,6 +113,10 @@ echo "== device tests"
 timeout 150 "$stage/test_cuda_kernels" --gtest_brief=1 2>&1 | tee "$out/tests.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 if grep -q "no CUDA device found" "$out/tests.log"; then echo "!! device tests skipped: no CUDA device found"; status=1; fi
+
+echo "== the engine example (examples/cuda: sink + quantized + recent windows, two TP ranks, appends by position and by slot)"
+timeout 60 "$stage/kvq_cuda_engine" 2>&1 | tee "$out/engine.log" | tail -4
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "!! engine example FAILED"; status=1; }
 
 echo "== benchmarks"
 timeout 240 "$stage/bench_cuda_decode" --benchmark_min_time=0.05 --benchmark_counters_tabular=true \

@@ -8,7 +8,8 @@
 //    GPU quantize-append (center → Hadamard → clip → quantize → pack).
 //  * Decode: each step appends one token per sequence to the recent window; when the
 //    window holds kRecent + kBlock tokens, its oldest kBlock leave it and are
-//    quantized into pages (grow the page table first, then append).
+//    quantized into pages (grow the page table first, then append; rank 0 addresses the
+//    append by batch index and position, rank 1 by vLLM's slot_mapping).
 //  * Attention = sink part ⊕ quantized part ⊕ recent part, each from a split-KV
 //    decode kernel returning (o, lse), joined by merge_states.
 //  * Tensor parallelism: rank r of kTP serves KV heads [r·Hkv/TP, (r+1)·Hkv/TP) and
@@ -230,21 +231,32 @@ int main() {
           v[(std::size_t(i) * kHkv + h) * D + d] = V[b][src];
         }
     }
+    // The destination in either form the append takes: rank 0 by batch index and position
+    // in the page table (FlashInfer's), rank 1 by pool slot page·P + row (vLLM's
+    // slot_mapping, no table needed). Both write the same bytes.
+    std::vector<std::int64_t> slots(n);
+    for (int i = 0; i < n; ++i)
+      slots[i] = std::int64_t(R.quant.pages[b][pos[i] / kPage]) * kPage + pos[i] % kPage;
     T* dk = device_alloc<T>(k.size());
     T* dv = device_alloc<T>(v.size());
     auto* dbi = device_alloc<std::int32_t>(n);
     auto* dpos = device_alloc<std::int32_t>(n);
-    upload(dk, k), upload(dv, v), upload(dbi, bi), upload(dpos, pos);
+    auto* dslots = device_alloc<std::int64_t>(n);
+    upload(dk, k), upload(dv, v), upload(dbi, bi), upload(dpos, pos), upload(dslots, slots);
     kvq::cuda::AppendArgs<P, T> a;
     a.cache = {R.qpool, R.quant.capacity, R.qlayout};
-    a.table = table;
     a.keys = dk, a.values = dv;
     a.num_tokens = n;
-    a.batch_indices = dbi, a.positions = dpos;
+    if (R.first_head == 0) {
+      a.table = table;
+      a.batch_indices = dbi, a.positions = dpos;
+    } else {
+      a.slot_mapping = dslots;
+    }
     a.rotation = R.rot;
     CHECK_OK(kvq::cuda::append_kv(a, nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());  // example only: the staging buffers are freed next
-    cudaFree(dk), cudaFree(dv), cudaFree(dbi), cudaFree(dpos);
+    cudaFree(dk), cudaFree(dv), cudaFree(dbi), cudaFree(dpos), cudaFree(dslots);
   };
 
   // Appends tokens [from, to) of sequence b: the first kSink go to the sink; the rest
