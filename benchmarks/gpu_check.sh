@@ -206,6 +206,25 @@ for (batch, ctx), rows in shapes.items():
         print(f"  {kind:<16}{us:10.1f}{b.get('graph_us', float('nan')):10.1f}{b['GB/s']:9.0f}"
               f"{100 * b['GB/s'] / copy:6.0f}%{ratio}{int(b.get('splits', 0)):7d}")
 print()
+# The sweeps, per shape: the fastest fp16 pipeline and split count against the defaults.
+for (batch, ctx), rows in shapes.items():
+    by_kind = collections.defaultdict(list)
+    for kind, b in rows:
+        by_kind[kind].append(b)
+    pipes = [(kind, bs[0]["real_time"]) for kind, bs in by_kind.items() if kind.startswith("fp16 TC w")]
+    if pipes and "fp16 pages TC" in by_kind:
+        kind, us = min(pipes, key=lambda x: x[1])
+        default = by_kind["fp16 pages TC"][0]["real_time"]
+        print(f"{batch} x {ctx}: fastest fp16 pipeline {kind[8:]} {us:.1f} us, default (w2s2) {default:.1f} us"
+              f" ({default / us:.2f}x)")
+    for kind, bs in by_kind.items():
+        if kind.endswith(" TC split") and len(bs) > 1:
+            best = min(bs, key=lambda b: b["real_time"])
+            suggested = next((b for b in bs if b["name"].split("/splits:")[1].startswith("0")), bs[0])
+            print(f"{batch} x {ctx}: {kind[:-9]} fastest at {int(best['splits'])} splits {best['real_time']:.1f} us,"
+                  f" suggested {int(suggested['splits'])} splits {suggested['real_time']:.1f} us"
+                  f" ({suggested['real_time'] / best['real_time']:.2f}x)")
+print()
 times = {b["name"].replace("/manual_time", ""): b["real_time"] for b in runs}
 for b in runs:
     if b["name"].startswith("BM_Append"):
