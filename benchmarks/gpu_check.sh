@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh — the one device check of kvq's CUDA side: tests, sanitizers, benchmarks and
 # the PyTorch peer in one run (90–110 s of command on an H200 on 2026-12-04; BM_Step, the
-# pipeline sweep and a third profile were added since, unmeasured: allow ~4 minutes, and a
-# device timeout of 450 s or more).
+# pipeline and split sweeps, the engine example and a third profile were added since,
+# unmeasured: allow ~5 minutes, and a device timeout of 480 s or more).
 #
 #   benchmarks/gpu_check.sh --prepare [DIR]   on a build machine (nvcc, GoogleTest,
 #       Google Benchmark; no GPU needed): builds the sm_90 binaries with static cudart and
