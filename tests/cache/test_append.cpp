@@ -160,4 +160,47 @@ TEST(Append, TaskSplitWritesTheSerialBytes) {
   EXPECT_EQ(c.pool, poisoned);
 }
 
+// The append by pool slot (vLLM's slot_mapping, llama.cpp's cells) writes the bytes of the
+// append by (batch index, position) into the same slots, repeated slots included (the later
+// token's rows are stored); negative slots are padding and write nothing; a slot past the
+// pool is rejected before any write.
+TEST(Append, BySlotWritesTheBytesOfTheAppendByPosition) {
+  constexpr auto P = kvq::presets::K2V2_HC;
+  constexpr int D = P.head_dim, hkv = 3;
+  auto c = make_paged_case<P>(6, 16, hkv, hkv, {70, 33}, {1, 1});
+  std::vector<std::int32_t> bi, pos;
+  for (int t = 0; t < 70; ++t) {
+    bi.push_back(0), pos.push_back(t);
+    if (t < 33) bi.push_back(1), pos.push_back(t);
+  }
+  bi.push_back(1), pos.push_back(7);  // a repeat with other rows
+  const int n = int(bi.size());
+  std::vector<float> k(std::size_t(n + 2) * hkv * D), v(k.size());  // two padding tokens first
+  std::mt19937 rng(10);
+  std::normal_distribution<float> normal;
+  for (auto& x : k) x = normal(rng);
+  for (auto& x : v) x = normal(rng);
+  const std::size_t skip = 2 * hkv * D;
+  const std::vector<std::byte> poisoned = c.pool;
+  ASSERT_TRUE(kvq::append_kv<P>(c.cache(), c.table(), k.data() + skip, v.data() + skip, n, bi.data(), pos.data(),
+                                c.params.view())
+                  .ok());
+  const std::vector<std::byte> by_position = c.pool;
+  std::vector<std::int64_t> slots = {-1, -5};
+  for (int i = 0; i < n; ++i) slots.push_back(std::int64_t(c.table().page_of(bi[i], pos[i])) * 16 + pos[i] % 16);
+  c.pool = poisoned;
+  ASSERT_TRUE(kvq::append_kv<P>(c.cache(), k.data(), v.data(), n + 2, slots.data(), c.params.view()).ok());
+  EXPECT_EQ(c.pool, by_position);
+
+  c.pool = poisoned;
+  slots[5] = std::int64_t(c.cache().num_pages) * 16;  // one past the pool's last slot
+  const auto bad = kvq::append_kv<P>(c.cache(), k.data(), v.data(), n + 2, slots.data(), c.params.view());
+  EXPECT_EQ(bad.code(), kvq::StatusCode::out_of_range) << bad.to_string();
+  EXPECT_NE(bad.message().find("slot_mapping[5]"), std::string::npos) << bad.message();
+  EXPECT_EQ(c.pool, poisoned);
+  const auto null = kvq::append_kv<P>(c.cache(), k.data(), v.data(), n + 2, static_cast<const std::int64_t*>(nullptr),
+                                      c.params.view());
+  EXPECT_EQ(null.code(), kvq::StatusCode::invalid_argument) << null.to_string();
+}
+
 }  // namespace

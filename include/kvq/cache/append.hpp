@@ -3,12 +3,15 @@
 //
 // For every new token i:  k_i, v_i : [Hkv, D] rows of type T (fp32 / fp16 / bf16)
 //   → center → rotate → clip → group-quantize → pack → page indices[indptr[b] + pos/P],
-//     slot pos % P, with b = batch_indices[i], pos = positions[i].
+//     slot pos % P, with b = batch_indices[i], pos = positions[i]
+//     (or page s/P, slot s % P of a pool slot s = slot_mapping[i]).
 // The engine grows the page table (and last_page_len) before appending; positions must
 // lie inside the sequence it describes.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "kvq/core/numeric.hpp"
 #include "kvq/core/quantizer.hpp"
@@ -71,17 +74,17 @@ Status validate_append(const PagedCacheView<P>& cache, const PageTableView& tabl
 
 namespace detail {
 
-// The (token, KV head) items of an append for which owns(head, page) holds, in token
-// order, 16 at a time through the SIMD row path (bit-identical to quantize_token_head).
+// The (token, KV head) items of an append (token i at locate(i) = {page, slot}; page < 0
+// skips it) for which owns(head, page) holds, in token order, 16 at a time through the
+// SIMD row path (bit-identical to quantize_token_head).
 // 16 rows fill the 16 lanes of the quantizer's range transpose even for one group per
 // row (value group = head_dim); the rows take 2·16·D floats of stack. At d 256, 8 rows
 // (the presets' 128-wide value groups still fill 16 lanes) keep them at 16 KiB, half of
 // L1: K2V2_HC's append on a Zen 4 (AVX-512, the FWHT in two parts) went 197 → 180 ns per
 // token·head.
-template <Policy P, ActivationType T, class Owns>
-void append_items(const PagedCacheView<P>& cache, const PageTableView& table, const T* keys, const T* values,
-                  int num_tokens, const std::int32_t* batch_indices, const std::int32_t* positions,
-                  const RotationParams& r, Owns owns) {
+template <Policy P, ActivationType T, class Locate, class Owns>
+void append_items(const PagedCacheView<P>& cache, const T* keys, const T* values, int num_tokens,
+                  const RotationParams& r, Locate locate, Owns owns) {
   constexpr int D = P.head_dim, kBatch = D > 128 ? 8 : 16;  // (token, head) items quantized together
   const int hkv = cache.layout.num_kv_heads;
   alignas(64) float k[kBatch][D], v[kBatch][D];  // the transformed rows
@@ -98,18 +101,33 @@ void append_items(const PagedCacheView<P>& cache, const PageTableView& table, co
     n = 0;
   };
   for (int i = 0; i < num_tokens; ++i) {
-    const int b = batch_indices[i], pos = positions[i];
-    const int page_index = table.page_of(b, pos);
+    const auto [page_index, slot] = locate(i);  // page_index < 0: skip the token
+    if (page_index < 0) continue;
     std::byte* page = cache.page(page_index);
     for (int h = 0; h < hkv; ++h) {
       if (!owns(h, page_index)) continue;
       const std::size_t row = (std::size_t(i) * hkv + h) * D;
       k_src[n] = keys + row, v_src[n] = values + row;
-      heads[n] = h, slots[n] = pos % table.page_size, pages[n] = page;
+      heads[n] = h, slots[n] = slot, pages[n] = page;
       if (++n == kBatch) flush();
     }
   }
   if (n > 0) flush();
+}
+
+// The (page, slot) of token i, by batch index and position or by pool slot.
+inline auto locate_by_position(const PageTableView& table, const std::int32_t* batch_indices,
+                               const std::int32_t* positions) {
+  return [=](int i) {
+    const int b = batch_indices[i], pos = positions[i];
+    return std::pair{table.page_of(b, pos), pos % table.page_size};
+  };
+}
+inline auto locate_by_slot(const std::int64_t* slot_mapping, int page_size) {
+  return [=](int i) {
+    const std::int64_t s = slot_mapping[i];
+    return s < 0 ? std::pair{-1, 0} : std::pair{static_cast<int>(s / page_size), static_cast<int>(s % page_size)};
+  };
 }
 
 }  // namespace detail
@@ -126,7 +144,7 @@ Status append_kv(const PagedCacheView<P>& cache, const PageTableView& table, con
                  const RotationParams& r = {}) {
   static_assert(check_policy<P>());
   KVQ_RETURN_IF_ERROR(validate_append(cache, table, keys, values, num_tokens, batch_indices, positions, r));
-  detail::append_items(cache, table, keys, values, num_tokens, batch_indices, positions, r,
+  detail::append_items(cache, keys, values, num_tokens, r, detail::locate_by_position(table, batch_indices, positions),
                        [](int, int) { return true; });
   return {};
 }
@@ -147,9 +165,37 @@ Status append_kv(const PagedCacheView<P>& cache, const PageTableView& table, con
   KVQ_RETURN_IF_ERROR(validate_append(cache, table, keys, values, num_tokens, batch_indices, positions, r));
   const long long hkv = cache.layout.num_kv_heads;
   ex(tasks, [&](int t) {
-    detail::append_items(cache, table, keys, values, num_tokens, batch_indices, positions, r,
+    detail::append_items(cache, keys, values, num_tokens, r, detail::locate_by_position(table, batch_indices, positions),
                          [&](int h, int page) { return (page * hkv + h) % tasks == t; });
   });
+  return {};
+}
+
+// The same append addressed by pool slot, as vLLM's slot_mapping and llama.cpp's cell
+// indices: token i goes to page s / P, row s % P of s = slot_mapping[i] (P = the layout's
+// page size); s < 0 skips the token (padding). No page table: the engine owns which slots
+// a sequence has. The same bytes as the append by position into the same slots, and as
+// cuda::append_kv with AppendArgs::slot_mapping. A slot past the pool is out_of_range.
+template <Policy P, ActivationType T>
+Status append_kv(const PagedCacheView<P>& cache, const T* keys, const T* values, int num_tokens,
+                 const std::int64_t* slot_mapping, const RotationParams& r = {}) {
+  using enum StatusCode;
+  static_assert(check_policy<P>());
+  KVQ_CHECK_ARG(num_tokens >= 0, invalid_argument, "append: negative num_tokens");
+  if (num_tokens == 0) return {};
+  KVQ_CHECK_ARG(keys && values && slot_mapping, invalid_argument,
+                "append: keys, values and slot_mapping must not be null");
+  KVQ_CHECK_ARG(cache.pool, invalid_argument, "append: cache pool is null");
+  KVQ_CHECK_ARG(cache.layout.num_kv_heads >= 1, invalid_argument, "append: num_kv_heads must be >= 1");
+  KVQ_CHECK_ARG(cache.layout.page_size >= 1, invalid_argument, "append: page_size must be >= 1");
+  KVQ_RETURN_IF_ERROR(validate_rotation_params<P>(r));
+  const std::int64_t slots = std::int64_t(cache.num_pages) * cache.layout.page_size;
+  for (int i = 0; i < num_tokens; ++i)
+    if (slot_mapping[i] >= slots)
+      return {out_of_range, "append: slot_mapping[" + std::to_string(i) + "] = " + std::to_string(slot_mapping[i]) +
+                                " outside the pool's " + std::to_string(slots) + " slots"};
+  detail::append_items(cache, keys, values, num_tokens, r, detail::locate_by_slot(slot_mapping, cache.layout.page_size),
+                       [](int, int) { return true; });
   return {};
 }
 
