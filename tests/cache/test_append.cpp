@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/paged_case.hpp"
@@ -111,26 +113,39 @@ TEST(Append, BadRequestsAreRejectedBeforeAnyWrite) {
   EXPECT_TRUE(kvq::append_kv<P>(c.cache(), c.table(), k.data(), k.data(), 0, bi, pos, c.params.view()).ok());
 }
 
+// Every token of two sequences of 70 and 33 tokens, interleaved, then `repeats` (sequence,
+// position) pairs once more (with other rows: the pool must end up holding those).
+struct TokenOrder {
+  std::vector<std::int32_t> bi, pos;
+  int size() const { return int(bi.size()); }
+};
+TokenOrder interleaved_tokens(std::initializer_list<std::pair<int, int>> repeats) {
+  TokenOrder o;
+  for (int t = 0; t < 70; ++t) {
+    o.bi.push_back(0), o.pos.push_back(t);
+    if (t < 33) o.bi.push_back(1), o.pos.push_back(t);
+  }
+  for (auto [b, t] : repeats) o.bi.push_back(b), o.pos.push_back(t);
+  return o;
+}
+std::vector<float> normal_rows(std::size_t count, std::uint32_t seed) {
+  std::vector<float> x(count);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  for (auto& e : x) e = normal(rng);
+  return x;
+}
+
 // The task-split append writes the serial append's bytes for any task count and task
 // order, also when tokens repeat a position (the later token's rows are stored).
 TEST(Append, TaskSplitWritesTheSerialBytes) {
   constexpr auto P = kvq::presets::K2V2_HC;
   constexpr int D = P.head_dim, hkv = 3;
   auto c = make_paged_case<P>(4, 16, hkv, hkv, {70, 33}, {1, 1});
-  // Every token of both sequences interleaved, then three repeats of earlier positions
-  // with other rows (the pool must end up holding those).
-  std::vector<std::int32_t> bi, pos;
-  for (int t = 0; t < 70; ++t) {
-    bi.push_back(0), pos.push_back(t);
-    if (t < 33) bi.push_back(1), pos.push_back(t);
-  }
-  for (auto [b, t] : {std::pair{0, 5}, std::pair{1, 32}, std::pair{0, 69}}) bi.push_back(b), pos.push_back(t);
-  const int n = int(bi.size());
-  std::vector<float> k(std::size_t(n) * hkv * D), v(k.size());
-  std::mt19937 rng(9);
-  std::normal_distribution<float> normal;
-  for (auto& x : k) x = normal(rng);
-  for (auto& x : v) x = normal(rng);
+  const TokenOrder tok = interleaved_tokens({{0, 5}, {1, 32}, {0, 69}});
+  const auto& [bi, pos] = tok;
+  const int n = tok.size();
+  std::vector<float> k = normal_rows(std::size_t(n) * hkv * D, 9), v = normal_rows(k.size(), 90);
   const std::vector<std::byte> poisoned = c.pool;
   ASSERT_TRUE(kvq::append_kv<P>(c.cache(), c.table(), k.data(), v.data(), n, bi.data(), pos.data(), c.params.view()).ok());
   const std::vector<std::byte> serial = c.pool;
@@ -168,18 +183,11 @@ TEST(Append, BySlotWritesTheBytesOfTheAppendByPosition) {
   constexpr auto P = kvq::presets::K2V2_HC;
   constexpr int D = P.head_dim, hkv = 3;
   auto c = make_paged_case<P>(6, 16, hkv, hkv, {70, 33}, {1, 1});
-  std::vector<std::int32_t> bi, pos;
-  for (int t = 0; t < 70; ++t) {
-    bi.push_back(0), pos.push_back(t);
-    if (t < 33) bi.push_back(1), pos.push_back(t);
-  }
-  bi.push_back(1), pos.push_back(7);  // a repeat with other rows
-  const int n = int(bi.size());
-  std::vector<float> k(std::size_t(n + 2) * hkv * D), v(k.size());  // two padding tokens first
-  std::mt19937 rng(10);
-  std::normal_distribution<float> normal;
-  for (auto& x : k) x = normal(rng);
-  for (auto& x : v) x = normal(rng);
+  const TokenOrder tok = interleaved_tokens({{1, 7}});
+  const auto& [bi, pos] = tok;
+  const int n = tok.size();
+  // Two padding tokens' rows first.
+  const std::vector<float> k = normal_rows(std::size_t(n + 2) * hkv * D, 10), v = normal_rows(k.size(), 11);
   const std::size_t skip = 2 * hkv * D;
   const std::vector<std::byte> poisoned = c.pool;
   ASSERT_TRUE(kvq::append_kv<P>(c.cache(), c.table(), k.data() + skip, v.data() + skip, n, bi.data(), pos.data(),
