@@ -302,9 +302,9 @@ TEST(CudaDecode, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
       }
 }
 
-// Programmatic dependent launch and CUDA graphs: a prefill append, then decode steps that each append one
-// new row per sequence (at its last position, new values every step) and decode, all on
-// one stream. With launch_with_pdl every launch may begin before the previous one has
+// Programmatic dependent launch and CUDA graphs: a prefill append, then decode steps that
+// each append one new row per sequence (at its last position, new values every step) and
+// decode, all on one stream. With launch_with_pdl every launch may begin before the previous one has
 // finished; the outputs must be the bytes of the same launches made one after another
 // (a decode that read its pages before the append that writes them would see the
 // poisoned pool or the previous step's row). Both decode kernels, with their splits
