@@ -256,7 +256,7 @@ if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
     set_var=${tool}_set
     echo "== compute-sanitizer --tool $tool (${!set_var})"
-    timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 3 "$stage/test_cuda_kernels" --gtest_brief=1 \
+    timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 3 "$stage/test_cuda_kernels" --gtest_brief=1 \
       --gtest_filter="${!set_var}" > "$out/$tool.log" 2>&1
     rc=$?
     tail -4 "$out/$tool.log"

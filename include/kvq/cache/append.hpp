@@ -123,10 +123,10 @@ inline auto locate_by_position(const PageTableView& table, const std::int32_t* b
     return std::pair{table.page_of(b, pos), pos % table.page_size};
   };
 }
-inline auto locate_by_slot(const std::int64_t* slot_mapping, int page_size) {
+inline auto locate_by_slot(const std::int64_t* slot_mapping, int page_size, int num_pages) {
   return [=](int i) {
-    const std::int64_t s = slot_mapping[i];
-    return s < 0 ? std::pair{-1, 0} : std::pair{static_cast<int>(s / page_size), static_cast<int>(s % page_size)};
+    const PoolSlot p = pool_slot(slot_mapping[i], page_size, num_pages);  // validated: never outside
+    return std::pair{p.page, p.row};
   };
 }
 
@@ -189,13 +189,14 @@ Status append_kv(const PagedCacheView<P>& cache, const T* keys, const T* values,
   KVQ_CHECK_ARG(cache.layout.num_kv_heads >= 1, invalid_argument, "append: num_kv_heads must be >= 1");
   KVQ_CHECK_ARG(cache.layout.page_size >= 1, invalid_argument, "append: page_size must be >= 1");
   KVQ_RETURN_IF_ERROR(validate_rotation_params<P>(r));
-  const std::int64_t slots = std::int64_t(cache.num_pages) * cache.layout.page_size;
+  const int page_size = cache.layout.page_size;
   for (int i = 0; i < num_tokens; ++i)
-    if (slot_mapping[i] >= slots)
+    if (pool_slot(slot_mapping[i], page_size, cache.num_pages).outside)
       return {out_of_range, "append: slot_mapping[" + std::to_string(i) + "] = " + std::to_string(slot_mapping[i]) +
-                                " outside the pool's " + std::to_string(slots) + " slots"};
-  detail::append_items(cache, keys, values, num_tokens, r, detail::locate_by_slot(slot_mapping, cache.layout.page_size),
-                       [](int, int) { return true; });
+                                " outside the pool's " + std::to_string(std::int64_t(cache.num_pages) * page_size) +
+                                " slots"};
+  detail::append_items(cache, keys, values, num_tokens, r,
+                       detail::locate_by_slot(slot_mapping, page_size, cache.num_pages), [](int, int) { return true; });
   return {};
 }
 

@@ -51,6 +51,27 @@ struct PageTableView {
   }
 };
 
+// A pool slot s = page·page_size + row, the page-table-free address of a token (vLLM's
+// slot_mapping, llama.cpp's cells): s < 0 is padding (page −1), a page ≥ num_pages is
+// `outside` (page −1).
+struct PoolSlot {
+  int page = -1;
+  int row = 0;
+  bool outside = false;
+};
+KVQ_HOST_DEVICE constexpr PoolSlot pool_slot(std::int64_t s, int page_size, int num_pages) {
+  PoolSlot r;
+  if (s < 0) return r;
+  const std::int64_t page = s / page_size;
+  if (page >= num_pages) {
+    r.outside = true;
+  } else {
+    r.page = static_cast<int>(page);
+    r.row = static_cast<int>(s - page * page_size);
+  }
+  return r;
+}
+
 // Checks the whole table against a pool of `num_pages` pages. Host memory only.
 inline Status validate_page_table(const PageTableView& t, int num_pages) {
   using enum StatusCode;

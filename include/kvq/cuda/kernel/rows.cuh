@@ -43,19 +43,11 @@ __device__ __forceinline__ SlotRef locate(const PageTableView& t, int num_pages,
   return r;
 }
 
-// The page and row of pool slot s (vLLM's slot_mapping): s < 0 is padding (page −1, no
-// error: the token is skipped silently).
+// The page and row of pool slot s (pool_slot): padding (s < 0) is page −1 without an
+// error, the token is skipped silently.
 __device__ __forceinline__ SlotRef locate_slot(std::int64_t s, int page_size, int num_pages) {
-  SlotRef r;
-  if (s < 0) return r;
-  const std::int64_t page = s / page_size;
-  if (page >= num_pages) {
-    r.error = kBadPage;
-  } else {
-    r.page = static_cast<int>(page);
-    r.slot = static_cast<int>(s - page * page_size);
-  }
-  return r;
+  const PoolSlot p = pool_slot(s, page_size, num_pages);
+  return {p.page, p.row, p.outside ? unsigned(kBadPage) : 0u};
 }
 
 __device__ __forceinline__ void report(unsigned* flags, unsigned bits) {

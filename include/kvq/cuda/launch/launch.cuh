@@ -109,16 +109,20 @@ struct DecodeLaunch {
   std::size_t smem = 0;
 };
 
+// The tensor-core kernel in precision Prec with pipeline Pipeline (kernel::MmaPipeline).
+template <class KP, DecodePrecision Prec, class Pipeline = kernel::MmaPipeline<>>
+DecodeLaunch<KP> mma_decode_launch() {
+  using Cfg = kernel::MmaDecodeConfig<typename KP::source_type, Pipeline>;
+  return {&kernel::decode_mma_kernel<KP, Prec, Pipeline>, Cfg::NW * 32, Cfg::smem.total()};
+}
+
 template <class KP, bool kTensorCoreOk>
 DecodeLaunch<KP> select_decode_kernel(const DecodePlan& plan, DecodePrecision precision) {
   using Src = typename KP::source_type;
   if constexpr (kTensorCoreOk) {
-    if (plan.kernel == DecodeKernel::tensor_core) {
-      using Cfg = kernel::MmaDecodeConfig<Src>;
-      return {precision == DecodePrecision::exact ? &kernel::decode_mma_kernel<KP, DecodePrecision::exact>
-                                                  : &kernel::decode_mma_kernel<KP, DecodePrecision::fast>,
-              Cfg::NW * 32, Cfg::smem.total()};
-    }
+    if (plan.kernel == DecodeKernel::tensor_core)
+      return precision == DecodePrecision::exact ? mma_decode_launch<KP, DecodePrecision::exact>()
+                                                 : mma_decode_launch<KP, DecodePrecision::fast>();
   }
   auto rows = [&]<int R>() -> DecodeLaunch<KP> {
     using Cfg = kernel::DecodeConfig<Src, R>;
@@ -147,15 +151,21 @@ Status launch_decode(const KP& kp, const DecodePlan& plan, DecodePrecision preci
   return launch_decode_kernel(l.kernel, l.threads, l.smem, kp, plan, stream, launch_with_pdl);
 }
 
+// Resident CTAs per SM of one decode kernel (occupancy API).
+template <class KP>
+Status ctas_per_sm(const DecodeLaunch<KP>& l, int& ctas) {
+  if (l.smem > 48 * 1024)
+    KVQ_CUDA_CHECK(cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
+  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, l.kernel, l.threads, l.smem));
+  return {};
+}
+
 template <class KP, bool kTensorCoreOk>
 Status ctas_per_sm(const DecodePlan& plan, DecodePrecision precision, int& ctas) {
   const DecodeLaunch<KP> l = select_decode_kernel<KP, kTensorCoreOk>(plan, precision);
   if (!l.kernel)
     return {StatusCode::unsupported, "cuda attention: no kernel for " + std::to_string(plan.rows) + " rows per CTA"};
-  if (l.smem > 48 * 1024)
-    KVQ_CUDA_CHECK(cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
-  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, l.kernel, l.threads, l.smem));
-  return {};
+  return ctas_per_sm(l, ctas);
 }
 
 // One warp per item (row_grid).
@@ -252,21 +262,15 @@ Status decode_ctas_per_sm(const DenseDecodeArgs<T, D, QT, OT>& a, int& ctas) {
 // measurement (bench_cuda_decode, BM_DecodePipe*): the validation, plan and launch of
 // decode_attention / dense_decode_attention, through decode_mma_kernel<KP, Precision,
 // Pipeline>. Args = DecodeArgs or DenseDecodeArgs with kTensorCoreOk whose plan chooses
-// the tensor-core kernel (otherwise `unsupported`); args.precision is ignored. Only TUs that include this header
-// can call them (they instantiate the kernel).
+// the tensor-core kernel (otherwise `unsupported`); args.precision is ignored. Only TUs
+// that include this header can call them (they instantiate the kernel).
 namespace tuning {
 
 template <class Pipeline, DecodePrecision Precision, class Args>
 Status decode_ctas_per_sm(const Args&, int& ctas) {
   static_assert(Args::kTensorCoreOk, "kvq: no tensor-core decode kernel for these arguments");
-  using KP = detail::decode_kernel_params_t<Args>;
-  using Cfg = kernel::MmaDecodeConfig<typename KP::source_type, Pipeline>;
-  auto* kern = &kernel::decode_mma_kernel<KP, Precision, Pipeline>;
-  if (Cfg::smem.total() > 48 * 1024)
-    KVQ_CUDA_CHECK(
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::smem.total())));
-  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kern, Cfg::NW * 32, Cfg::smem.total()));
-  return {};
+  return detail::ctas_per_sm(detail::mma_decode_launch<detail::decode_kernel_params_t<Args>, Precision, Pipeline>(),
+                             ctas);
 }
 
 template <class Pipeline, DecodePrecision Precision, class Args>
@@ -277,10 +281,9 @@ Status decode_attention(const Args& a, Stream stream) {
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
   if (plan.kernel != DecodeKernel::tensor_core)
     return {StatusCode::unsupported, "cuda tuning::decode_attention: the plan did not choose the tensor-core kernel"};
-  using KP = detail::decode_kernel_params_t<Args>;
-  using Cfg = kernel::MmaDecodeConfig<typename KP::source_type, Pipeline>;
-  return detail::launch_decode_kernel(&kernel::decode_mma_kernel<KP, Precision, Pipeline>, Cfg::NW * 32,
-                                      Cfg::smem.total(), detail::decode_kernel_params(a, plan), plan, stream, false);
+  const auto l = detail::mma_decode_launch<detail::decode_kernel_params_t<Args>, Precision, Pipeline>();
+  return detail::launch_decode_kernel(l.kernel, l.threads, l.smem, detail::decode_kernel_params(a, plan), plan, stream,
+                                      false);
 }
 
 }  // namespace tuning
