@@ -2,7 +2,8 @@
 # gpu_check.sh — the one device check of kvq's CUDA side: tests, sanitizers, benchmarks and
 # the PyTorch peer in one run (90–110 s of command on an H200 on 2026-12-04; BM_Step, the
 # pipeline and split sweeps, the engine example and a third profile were added since,
-# unmeasured: allow ~5 minutes, and a device timeout of 480 s or more).
+# unmeasured: allow ~5 minutes; give the device command its 600 s, the script keeps to
+# KVQ_GPU_CHECK_BUDGET below).
 #
 #   benchmarks/gpu_check.sh --prepare [DIR]   on a build machine (nvcc, GoogleTest,
 #       Google Benchmark; no GPU needed): builds the sm_90 binaries with static cudart and
@@ -23,6 +24,10 @@
 #       (bench.txt, peer.txt, sanitizer logs, Nsight Compute output) in extras.tgz.
 #       KVQ_GPU_CHECK_SASS=1 adds ncu's per-SASS-instruction stall samples of the
 #       profiled kernels (src_*.csv; to read against `cuobjdump -sass` of the same binary).
+#
+# KVQ_GPU_CHECK_BUDGET (seconds, default 540: the device tool stops a command at 600) bounds
+# the whole run: each step's timeout is cut to what is left, and a step with under 15 s
+# left is skipped and says so (a skipped test or sanitizer step fails the check).
 #
 # Exit status: 0 when every test and sanitizer run passed (benchmarks never fail the check).
 set -u
@@ -104,6 +109,17 @@ export LD_LIBRARY_PATH="$stage/lib:${LD_LIBRARY_PATH:-}"
 out=${KVQ_GPU_CHECK_OUT:-${OUT:-/tmp}}/kvq_gpu_check
 mkdir -p "$out"
 status=0
+deadline=$((SECONDS + ${KVQ_GPU_CHECK_BUDGET:-540}))
+# within N: N seconds, or what is left of the budget when that is less; 0 below 15 s.
+within() {
+  local left=$((deadline - SECONDS))
+  if [ "$left" -lt 15 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+# budget_for NAME N: sets $t to within N; false (and a line saying so) when NAME is skipped.
+budget_for() {
+  t=$(within "$2")
+  [ "$t" -gt 0 ] || { echo "!! $1 skipped: the ${KVQ_GPU_CHECK_BUDGET:-540} s budget is spent"; return 1; }
+}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>/dev/null || echo "nvidia-smi not available"
 [ -f "$stage/ptxas.txt" ] && cp "$stage/ptxas.txt" "$out/"
 
@@ -115,20 +131,27 @@ timeout 150 "$stage/test_cuda_kernels" --gtest_brief=1 2>&1 | tee "$out/tests.lo
 if grep -q "no CUDA device found" "$out/tests.log"; then echo "!! device tests skipped: no CUDA device found"; status=1; fi
 
 echo "== the engine example (examples/cuda: sink + quantized + recent windows, two TP ranks, appends by position and by slot)"
-timeout 60 "$stage/kvq_cuda_engine" 2>&1 | tee "$out/engine.log" | tail -4
-[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "!! engine example FAILED"; status=1; }
+if budget_for "the engine example" 60; then
+  timeout "$t" "$stage/kvq_cuda_engine" 2>&1 | tee "$out/engine.log" | tail -4
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "!! engine example FAILED"; status=1; }
+else
+  status=1
+fi
 
 echo "== benchmarks"
-timeout 240 "$stage/bench_cuda_decode" --benchmark_min_time=0.05 --benchmark_counters_tabular=true \
-  --benchmark_out="$out/bench.json" --benchmark_out_format=json > "$out/bench.txt" 2>&1
-tail -5 "$out/bench.txt"
+if budget_for "bench_cuda_decode" 240; then
+  timeout "$t" "$stage/bench_cuda_decode" --benchmark_min_time=0.05 --benchmark_counters_tabular=true \
+    --benchmark_out="$out/bench.json" --benchmark_out_format=json > "$out/bench.txt" 2>&1 ||
+    echo "!! bench_cuda_decode failed or timed out (the summary reads the runs it finished)"
+  tail -5 "$out/bench.txt"
+fi
 
 echo "== torch peer"
-if [ -f "$stage/torch_sdpa_peer.py" ]; then
-  OUT="$out" timeout 120 python3 "$stage/torch_sdpa_peer.py" > "$out/peer.txt" 2>&1 || echo "!! peer failed or timed out"
-  tail -3 "$out/peer.txt"
-else
+if [ ! -f "$stage/torch_sdpa_peer.py" ]; then
   echo "!! no torch_sdpa_peer.py in the stage"
+elif budget_for "the torch peer" 120; then
+  OUT="$out" timeout "$t" python3 "$stage/torch_sdpa_peer.py" > "$out/peer.txt" 2>&1 || echo "!! peer failed or timed out"
+  tail -3 "$out/peer.txt"
 fi
 
 # Why warps wait (per issued instruction), beside the sections.
@@ -145,7 +168,10 @@ if command -v ncu > /dev/null; then
     tag="${bench//\//_}_${batch}x${ctx}"
     filter="$bench/batch:$batch/ctx:$ctx"
     echo "== Nsight Compute: $bench at $batch x $ctx (one decode launch after warm-up)"
-    timeout 60 ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    # The sanitizers come after the profiles: keep 2 x 100 s for them.
+    t=$(within $((60 + 200)))
+    [ "$t" -gt 200 ] || { echo "!! profile skipped: the budget keeps its last 200 s for the sanitizers"; continue; }
+    timeout $((t - 200)) ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
       --metrics "$stalls" --launch-skip 2 \
       --launch-count 1 -k regex:decode "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
       --benchmark_filter="$filter" > "$out/ncu_$tag.txt" 2>&1 ||
@@ -156,7 +182,9 @@ if command -v ncu > /dev/null; then
     # to read against `cuobjdump -sass` of the same binary.
     if [ -n "${KVQ_GPU_CHECK_SASS:-}" ]; then
       rep="$out/src_$tag"
-      timeout 60 ncu --clock-control none --section SourceCounters --launch-skip 2 --launch-count 1 -k regex:decode \
+      t=$(within $((60 + 200)))
+      [ "$t" -gt 200 ] || { echo "!! source page skipped: the budget keeps its last 200 s for the sanitizers"; continue; }
+      timeout $((t - 200)) ncu --clock-control none --section SourceCounters --launch-skip 2 --launch-count 1 -k regex:decode \
         -f -o "$rep" "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
         --benchmark_filter="$filter" > /dev/null 2>&1 &&
         ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.csv" 2> "$rep.err" ||
@@ -170,7 +198,18 @@ echo "== summary (one run: compare the ratios inside it, not absolutes across ru
 if command -v python3 > /dev/null && [ -s "$out/bench.json" ]; then
   python3 - "$out/bench.json" "$out/peer.json" << 'PY'
 import json, os, re, sys, collections
-runs = [b for b in json.load(open(sys.argv[1]))["benchmarks"]
+def load_bench(path):
+    # A run cut by its timeout leaves the JSON open: keep the runs it finished (Google
+    # Benchmark writes each run as an object indented by 4 spaces).
+    text = open(path).read()
+    try:
+        return json.loads(text)
+    except ValueError:
+        end = text.rfind("\n    }")
+        data = json.loads(text[:end + 6] + "\n  ]\n}") if end > 0 else {"benchmarks": []}
+        print(f"!! {path} was cut short: {len(data['benchmarks'])} runs recovered")
+        return data
+runs = [b for b in load_bench(sys.argv[1])["benchmarks"]
         if b.get("run_type", "iteration") == "iteration" and "error_occurred" not in b]
 copy = max((b["GB/s"] for b in runs if b["name"].startswith("BM_Copy")), default=float("nan"))
 print(f"device copy (read+write, bench_cuda_decode): {copy:8.0f} GB/s")
@@ -256,7 +295,8 @@ if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
     set_var=${tool}_set
     echo "== compute-sanitizer --tool $tool (${!set_var})"
-    timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 3 "$stage/test_cuda_kernels" --gtest_brief=1 \
+    budget_for "compute-sanitizer --tool $tool" 150 || { status=1; continue; }
+    timeout "$t" compute-sanitizer --tool "$tool" --error-exitcode 3 "$stage/test_cuda_kernels" --gtest_brief=1 \
       --gtest_filter="${!set_var}" > "$out/$tool.log" 2>&1
     rc=$?
     tail -4 "$out/$tool.log"

@@ -300,7 +300,9 @@ bool setup_decode(Dev& dev, Args& a, int batch, int ctx, int ctas = 0, int split
   a.workspace_bytes = cuda::decode_workspace_bytes(a);
   a.workspace = a.workspace_bytes ? dev.alloc<std::byte>(a.workspace_bytes) : nullptr;
   if (a.workspace && cudaMemset(a.workspace, 0, a.workspace_bytes) != cudaSuccess) return false;  // zero once
-  return !a.workspace_bytes || a.workspace;
+  // The legacy-stream copies and memset above must land before a non-blocking stream
+  // (BM_Step, graph replays) reads what they wrote.
+  return (!a.workspace_bytes || a.workspace) && cudaDeviceSynchronize() == cudaSuccess;
 }
 
 void set_decode_counters(benchmark::State& state, int batch, int ctx, std::size_t bytes_per_token_head, int splits) {
@@ -420,7 +422,7 @@ bool setup_append(Dev& dev, cuda::AppendArgs<P, T>& a, std::byte* pool, const Ta
   a.num_tokens = batch;
   a.batch_indices = bi;
   a.positions = pos;
-  return true;
+  return cudaDeviceSynchronize() == cudaSuccess;  // as setup_decode: before any non-blocking stream
 }
 
 // Fused quantize-append of `tokens` new tokens (decode step: one per sequence), addressed

@@ -144,7 +144,9 @@ void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel ke
   if (nan_rows) *nan_rows = nans;
 }
 
-template <ActivationType T, int D>
+// Pipeline (kernel::MmaPipeline) launches the tensor-core kernel through cuda::tuning
+// with those warps and stages instead of the default.
+template <ActivationType T, int D, class Pipeline = void>
 void check_dense_decode(const DecodeCase& c, std::uint32_t seed,
                         cuda::DecodeKernel kernel = cuda::DecodeKernel::simt,
                         cuda::DecodePrecision precision = cuda::DecodePrecision::exact) {
@@ -192,7 +194,13 @@ void check_dense_decode(const DecodeCase& c, std::uint32_t seed,
   DeviceBuffer<std::byte> ws(cuda::decode_workspace_bytes(a));
   a.workspace = ws.get();
   a.workspace_bytes = ws.size();
-  KVQ_EXPECT_OK(cuda::dense_decode_attention(a, nullptr));
+  if constexpr (std::is_void_v<Pipeline>) {
+    KVQ_EXPECT_OK(cuda::dense_decode_attention(a, nullptr));
+  } else if (precision == cuda::DecodePrecision::fast) {
+    KVQ_EXPECT_OK((cuda::tuning::decode_attention<Pipeline, cuda::DecodePrecision::fast>(a, nullptr)));
+  } else {
+    KVQ_EXPECT_OK((cuda::tuning::decode_attention<Pipeline, cuda::DecodePrecision::exact>(a, nullptr)));
+  }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   if (precision == cuda::DecodePrecision::fast) {
     check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, c.explicit_offset ? off.data() : nullptr,
@@ -280,6 +288,21 @@ KVQ_INSTANTIATIONS(KVQ_DECODE_TESTS)
     check_merge<T, D>(300);                                              \
   }
 KVQ_DENSE_INSTANTIATIONS(KVQ_DENSE_TESTS)
+
+// The pipelines bench_cuda_decode sweeps for the 16-bit pages (BM_DecodePipeFP16TC), so
+// that one that measures faster can become the default with its device check in place:
+// one warp with 4 stages and two with 3, against the CPU as the default pipeline is.
+TEST(CudaDenseDecodeTensorCore, OtherPipelines_half_d128) {
+  KVQ_REQUIRE_CUDA_DEVICE();
+  if (!tensor_cores_present()) GTEST_SKIP() << "device below sm_80";
+  constexpr auto kTensorCore = cuda::DecodeKernel::tensor_core;
+  std::uint32_t seed = 250;
+  for (const auto& c : cases()) {
+    check_dense_decode<half_t, 128, cuda::kernel::MmaPipeline<1, 4>>(c, seed, kTensorCore);
+    check_dense_decode<half_t, 128, cuda::kernel::MmaPipeline<1, 4>>(c, seed, kTensorCore, cuda::DecodePrecision::fast);
+    check_dense_decode<half_t, 128, cuda::kernel::MmaPipeline<2, 3>>(c, seed++, kTensorCore, cuda::DecodePrecision::fast);
+  }
+}
 
 // A NaN logit poisons the rows that see it (also as the only visible logit of its tile
 // and split), a NaN value group the rows that weight it: as on the CPU, both kernels.
@@ -415,6 +438,21 @@ std::vector<T> append_decode_chain(cuda::DecodeKernel kernel, Launches launches,
       EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
       launch_step(g_out.get(), g_lse.get(), g_merged.get(), g_merged_lse.get());
       EXPECT_EQ(cudaStreamEndCapture(stream, &g), cudaSuccess);
+      if (g && pdl) {
+        // Captured PDL launches become programmatic edges (else graph_pdl would only
+        // repeat the plain graph): the step's kernels are compiled for sm_90 and hold
+        // the wait, so on a Hopper or newer device at least one edge must be.
+        std::size_t edges = 64;  // capacity in, count out (a step has a handful)
+        std::vector<cudaGraphNode_t> from(edges), to(edges);
+        std::vector<cudaGraphEdgeData> data(edges);
+        EXPECT_EQ(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &edges), cudaSuccess);
+        int programmatic = 0;
+        for (std::size_t e = 0; e < edges && e < data.size(); ++e)
+          programmatic += data[e].type == cudaGraphDependencyTypeProgrammatic;
+        cudaDeviceProp prop{};
+        EXPECT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+        if (prop.major >= 9) EXPECT_GE(programmatic, 1) << "of " << edges << " edges in the captured step";
+      }
       if (!g || cudaGraphInstantiate(&exec, g, 0) != cudaSuccess || !exec) {
         ADD_FAILURE() << "the decode step could not be captured into a CUDA graph";
         if (g) cudaGraphDestroy(g);
@@ -488,7 +526,9 @@ __global__ void grid_dependency_probe_2(int* x) { *x = 2; }
 // The launchers use PDL only for kernels whose code holds the wait: this binary's kernels
 // are compiled for sm_90 (KVQ_TEST_CUDA_ARCHITECTURES), so on a Hopper or newer device
 // they must be found to hold it (else `launch_with_pdl` would silently do nothing), and
-// the answer must not change when it comes from the table the second time.
+// the answer must not change when it comes from the table the second time. The check is
+// on the compile target (ptxVersion), not on the code: probe 2, which has no wait, passes
+// it too, which is why every kvq kernel waits before its first global access.
 TEST(CudaDependentLaunch, KernelsCompiledForSm90HoldTheWait) {
   KVQ_REQUIRE_CUDA_DEVICE();
   cudaDeviceProp prop{};

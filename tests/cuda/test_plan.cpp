@@ -222,6 +222,10 @@ TEST(CudaValidate, Append) {
   b.batch_indices = nullptr;
   b.table = {};
   EXPECT_TRUE(validate(b).ok());
+  // A misaligned int64 load would be a sticky device fault, not a skipped token.
+  b.slot_mapping = reinterpret_cast<const std::int64_t*>(reinterpret_cast<const char*>(slots) + 4);
+  EXPECT_NE(validate(b).message().find("slot_mapping must be 8-byte aligned"), std::string::npos);
+  b.slot_mapping = slots;
   b.keys = nullptr;
   EXPECT_FALSE(validate(b).ok());
 

@@ -930,8 +930,11 @@ struct Int8Query {
   template <int RB, class Slab>
   KVQ_FORCE_INLINE void score_quad_rows(Slab&& slab_of, const __m512 (&s_vec)[kAccClasses],
                                         const __m512 (&lo_vec)[kAccClasses], int r0, __m512* total) const {
-    // Two chains per row and accumulator class, not one chain of 8 vpdpbusd latencies;
-    // the integer sums are the same.
+    // Fewer than four rows: two chains per row and accumulator class, not one chain of 8
+    // vpdpbusd latencies. Four rows have ≥ 4 independent chains already, and a second set
+    // spilled (K4V2 / K2V2 fastest, d 128, GQA 4, 4K warm, Zen 4: −0.5% / −1.8%); at two
+    // rows one chain each lost 13% (K2V2, d 64). The integer sums are the same.
+    constexpr int kChains = RB >= 4 ? 1 : 2;
     __m512i acc[RB][kAccClasses][2];
     KVQ_UNROLL for (int i = 0; i < RB; ++i)
       KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A) acc[i][A][0] = acc[i][A][1] = _mm512_setzero_si512();
@@ -940,7 +943,7 @@ struct Int8Query {
         KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
           const __m512i slab = slab_of(p, m, k);
           KVQ_UNROLL for (int i = 0; i < RB; ++i) {
-            __m512i& chain = acc[i][p * kClasses + transposed_class(m)][(m * kSlabs + k) % 2];
+            __m512i& chain = acc[i][p * kClasses + transposed_class(m)][(m * kSlabs + k) % kChains];
             chain = dpbusd_tied(chain, slab, *reinterpret_cast<const __m512i*>(q_lanes[r0 + i][p][k][m]));
           }
         }
@@ -951,7 +954,8 @@ struct Int8Query {
       __m512 f[kAccClasses];
       KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A) {
         const __m512 lo_term = _mm512_mul_ps(lo_vec[A], _mm512_load_ps(sum_lanes_t[r][A]));
-        const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, _mm512_add_epi32(acc[i][A][0], acc[i][A][1]));
+        const __m512i sum = kChains == 1 ? acc[i][A][0] : _mm512_add_epi32(acc[i][A][0], acc[i][A][1]);
+        const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, sum);
         const __m512 code_term = _mm512_fmadd_ps(isum, _mm512_load_ps(sigma_lanes[r][A]), _mm512_load_ps(residual_lanes[r][A]));
         f[A] = _mm512_fmadd_ps(code_term, s_vec[A], lo_term);
       }

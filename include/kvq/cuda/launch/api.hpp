@@ -21,6 +21,9 @@
 // after a kvq one must itself wait (cudaGridDependencySynchronize) before reading kvq's
 // outputs. Example, one decode step: append_kv(…, stream, true) then
 // decode_attention(…, stream, true).
+// CUDA graphs: the launchers may be captured (tests/cuda: CudaDependentLaunch). Run each
+// launcher once before capturing, as engines warm up before they capture: the first call
+// per kernel and device asks the driver for its attributes (and may load the module).
 #pragma once
 
 #include <cstddef>
@@ -61,7 +64,10 @@ using Stream = CUstream_st*;  // the same type as cudaStream_t
 //                   s = slot_mapping[i], i.e. page s / P, row s % P (P = the layout's page
 //                   size); s < 0 skips the token (padding). When given, table,
 //                   batch_indices and positions are not read, and a token costs one
-//                   dependent load before its page is known instead of three.
+//                   dependent load before its page is known instead of three. Slots
+//                   must be distinct, as positions must (tokens that share one are
+//                   written concurrently: their bytes may mix; the CPU append writes
+//                   in token order). 8-byte aligned.
 template <Policy P, ActivationType T>
 struct AppendArgs {
   static constexpr Policy kPolicy = P;
@@ -241,6 +247,8 @@ Status validate(const AppendArgs<P, T>& a) {
                 "cuda append: cache pool must be 16-byte aligned");
   KVQ_CHECK_ARG(a.cache.layout.num_kv_heads >= 1, invalid_argument, "cuda append: num_kv_heads must be >= 1");
   if (a.slot_mapping) {
+    KVQ_CHECK_ARG(reinterpret_cast<std::uintptr_t>(a.slot_mapping) % alignof(std::int64_t) == 0, invalid_argument,
+                  "cuda append: slot_mapping must be 8-byte aligned");
     KVQ_CHECK_ARG(a.cache.layout.page_size >= 1, invalid_argument, "cuda append: page_size must be >= 1");
   } else {
     KVQ_RETURN_IF_ERROR(detail::validate_table_shape(a.table, a.cache.layout.page_size, "cuda append"));
