@@ -168,9 +168,10 @@ if command -v ncu > /dev/null; then
     tag="${bench//\//_}_${batch}x${ctx}"
     filter="$bench/batch:$batch/ctx:$ctx"
     echo "== Nsight Compute: $bench at $batch x $ctx (one decode launch after warm-up)"
-    # The sanitizers come after the profiles: keep 2 x 100 s for them.
+    # The sanitizers come after the profiles: keep 2 x 100 s for them, and give a profile
+    # at least 20 s.
     t=$(within $((60 + 200)))
-    [ "$t" -gt 200 ] || { echo "!! profile skipped: the budget keeps its last 200 s for the sanitizers"; continue; }
+    [ "$t" -ge 220 ] || { echo "!! profile skipped: the budget keeps its last 200 s for the sanitizers"; continue; }
     timeout $((t - 200)) ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
       --metrics "$stalls" --launch-skip 2 \
       --launch-count 1 -k regex:decode "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
@@ -183,7 +184,7 @@ if command -v ncu > /dev/null; then
     if [ -n "${KVQ_GPU_CHECK_SASS:-}" ]; then
       rep="$out/src_$tag"
       t=$(within $((60 + 200)))
-      [ "$t" -gt 200 ] || { echo "!! source page skipped: the budget keeps its last 200 s for the sanitizers"; continue; }
+      [ "$t" -ge 220 ] || { echo "!! source page skipped: the budget keeps its last 200 s for the sanitizers"; continue; }
       timeout $((t - 200)) ncu --clock-control none --section SourceCounters --launch-skip 2 --launch-count 1 -k regex:decode \
         -f -o "$rep" "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
         --benchmark_filter="$filter" > /dev/null 2>&1 &&
