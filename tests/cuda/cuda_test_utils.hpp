@@ -415,4 +415,24 @@ void poison_rows(std::vector<T>& rows, const TokenList& tok, int hkv, int D,
         for (int h = 0; h < hkv; ++h) rows[(std::size_t(i) * hkv + h) * D + 3] = from_float<T>(std::nanf(""));
 }
 
+// A pool of 16-bit (or fp32) pages holding every token of `tab`: keys N(0, 4), values
+// N(0, 1) from `seed`, the pages' unused rows zero.
+template <ActivationType T, int D>
+std::vector<std::byte> random_dense_pool(const RaggedTable& tab, const DensePageLayout<T, D>& layout,
+                                         const std::vector<int>& lens, std::uint32_t seed) {
+  const int hkv = layout.num_kv_heads, page_size = layout.page_size;
+  std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0});
+  const auto kv = random_normal(std::size_t(tab.total_tokens()) * hkv * D * 2, seed);
+  std::size_t next = 0;
+  for (int b = 0; b < static_cast<int>(lens.size()); ++b)
+    for (int t = 0; t < lens[b]; ++t)
+      for (int h = 0; h < hkv; ++h) {
+        std::byte* page = pool.data() + layout.page_bytes() * tab.host().page_of(b, t);
+        T* k = layout.key_row(page, h, t % page_size);
+        T* v = layout.value_row(page, h, t % page_size);
+        for (int d = 0; d < D; ++d) k[d] = from_float<T>(kv[next++] * 2.f), v[d] = from_float<T>(kv[next++]);
+      }
+  return pool;
+}
+
 }  // namespace kvq::test

@@ -280,17 +280,7 @@ template <ActivationType T, int D, class Pipeline = kern::MmaPipeline<>>
 void check_dense(const Case& c, std::uint32_t seed, const Run& run = {}) {
   const RaggedTable tab = make_table(c.lens, c.page_size, seed);
   const DensePageLayout<T, D> layout{c.page_size, c.hkv};
-  std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0});
-  const auto kv = random_normal(std::size_t(tab.total_tokens()) * c.hkv * D * 2, seed + 1);
-  std::size_t next = 0;
-  for (int b = 0; b < static_cast<int>(c.lens.size()); ++b)
-    for (int t = 0; t < c.lens[b]; ++t)
-      for (int h = 0; h < c.hkv; ++h) {
-        std::byte* page = pool.data() + layout.page_bytes() * tab.host().page_of(b, t);
-        T* k = layout.key_row(page, h, t % c.page_size);
-        T* v = layout.value_row(page, h, t % c.page_size);
-        for (int d = 0; d < D; ++d) k[d] = from_float<T>(kv[next++] * 2.f), v[d] = from_float<T>(kv[next++]);
-      }
+  const std::vector<std::byte> pool = random_dense_pool(tab, layout, c.lens, seed + 1);
   const int hq = c.hkv * c.group;
   const QueryRun qs = queries(c);
   const auto q = convert<T>(random_normal(std::size_t(qs.total) * hq * D, seed + 5, 0.7f));
