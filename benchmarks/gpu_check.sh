@@ -26,8 +26,10 @@
 #       profiled kernels (src_*.csv; to read against `cuobjdump -sass` of the same binary).
 #
 # KVQ_GPU_CHECK_BUDGET (seconds, default 540: the device tool stops a command at 600) bounds
-# the whole run: each step's timeout is cut to what is left, and a step with under 15 s
-# left is skipped and says so (a skipped test or sanitizer step fails the check).
+# the run after the tests: each later step's timeout is cut to what is left, the
+# benchmarks, the peer and the profiles leave the last 200 s to the two sanitizer runs, and
+# a step without its time is skipped and says so (a skipped example or sanitizer run fails
+# the check, a skipped benchmark does not).
 #
 # Exit status: 0 when every test and sanitizer run passed (benchmarks never fail the check).
 set -u
@@ -120,27 +122,34 @@ budget_for() {
   t=$(within "$2")
   [ "$t" -gt 0 ] || { echo "!! $1 skipped: the ${KVQ_GPU_CHECK_BUDGET:-540} s budget is spent"; return 1; }
 }
+# before_sanitizers NAME N: the same for a step that must leave 200 s to the sanitizers
+# (at least 20 s of its own, else skipped).
+before_sanitizers() {
+  t=$(within $(($2 + 200)))
+  t=$((t - 200))
+  [ "$t" -ge 20 ] || { echo "!! $1 skipped: the budget keeps its last 200 s for the sanitizers"; return 1; }
+}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>/dev/null || echo "nvidia-smi not available"
 [ -f "$stage/ptxas.txt" ] && cp "$stage/ptxas.txt" "$out/"
 
 echo "== host-side tests"
-timeout 60 "$stage/test_cuda_plan" --gtest_brief=1 || status=1
+timeout -k 10 60 "$stage/test_cuda_plan" --gtest_brief=1 || status=1
 echo "== device tests"
-timeout 150 "$stage/test_cuda_kernels" --gtest_brief=1 2>&1 | tee "$out/tests.log" | tail -40
+timeout -k 10 150 "$stage/test_cuda_kernels" --gtest_brief=1 2>&1 | tee "$out/tests.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 if grep -q "no CUDA device found" "$out/tests.log"; then echo "!! device tests skipped: no CUDA device found"; status=1; fi
 
 echo "== the engine example (examples/cuda: sink + quantized + recent windows, two TP ranks, appends by position and by slot)"
 if budget_for "the engine example" 60; then
-  timeout "$t" "$stage/kvq_cuda_engine" 2>&1 | tee "$out/engine.log" | tail -4
+  timeout -k 10 "$t" "$stage/kvq_cuda_engine" 2>&1 | tee "$out/engine.log" | tail -4
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "!! engine example FAILED"; status=1; }
 else
   status=1
 fi
 
 echo "== benchmarks"
-if budget_for "bench_cuda_decode" 240; then
-  timeout "$t" "$stage/bench_cuda_decode" --benchmark_min_time=0.05 --benchmark_counters_tabular=true \
+if before_sanitizers "bench_cuda_decode" 240; then
+  timeout -k 10 "$t" "$stage/bench_cuda_decode" --benchmark_min_time=0.05 --benchmark_counters_tabular=true \
     --benchmark_out="$out/bench.json" --benchmark_out_format=json > "$out/bench.txt" 2>&1 ||
     echo "!! bench_cuda_decode failed or timed out (the summary reads the runs it finished)"
   tail -5 "$out/bench.txt"
@@ -149,8 +158,8 @@ fi
 echo "== torch peer"
 if [ ! -f "$stage/torch_sdpa_peer.py" ]; then
   echo "!! no torch_sdpa_peer.py in the stage"
-elif budget_for "the torch peer" 120; then
-  OUT="$out" timeout "$t" python3 "$stage/torch_sdpa_peer.py" > "$out/peer.txt" 2>&1 || echo "!! peer failed or timed out"
+elif before_sanitizers "the torch peer" 120; then
+  OUT="$out" timeout -k 10 "$t" python3 "$stage/torch_sdpa_peer.py" > "$out/peer.txt" 2>&1 || echo "!! peer failed or timed out"
   tail -3 "$out/peer.txt"
 fi
 
@@ -168,11 +177,8 @@ if command -v ncu > /dev/null; then
     tag="${bench//\//_}_${batch}x${ctx}"
     filter="$bench/batch:$batch/ctx:$ctx"
     echo "== Nsight Compute: $bench at $batch x $ctx (one decode launch after warm-up)"
-    # The sanitizers come after the profiles: keep 2 x 100 s for them, and give a profile
-    # at least 20 s.
-    t=$(within $((60 + 200)))
-    [ "$t" -ge 220 ] || { echo "!! profile skipped: the budget keeps its last 200 s for the sanitizers"; continue; }
-    timeout $((t - 200)) ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    before_sanitizers "the profile" 60 || continue
+    timeout -k 10 "$t" ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
       --metrics "$stalls" --launch-skip 2 \
       --launch-count 1 -k regex:decode "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
       --benchmark_filter="$filter" > "$out/ncu_$tag.txt" 2>&1 ||
@@ -183,9 +189,8 @@ if command -v ncu > /dev/null; then
     # to read against `cuobjdump -sass` of the same binary.
     if [ -n "${KVQ_GPU_CHECK_SASS:-}" ]; then
       rep="$out/src_$tag"
-      t=$(within $((60 + 200)))
-      [ "$t" -ge 220 ] || { echo "!! source page skipped: the budget keeps its last 200 s for the sanitizers"; continue; }
-      timeout $((t - 200)) ncu --clock-control none --section SourceCounters --launch-skip 2 --launch-count 1 -k regex:decode \
+      before_sanitizers "the source page" 60 || continue
+      timeout -k 10 "$t" ncu --clock-control none --section SourceCounters --launch-skip 2 --launch-count 1 -k regex:decode \
         -f -o "$rep" "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
         --benchmark_filter="$filter" > /dev/null 2>&1 &&
         ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.csv" 2> "$rep.err" ||
@@ -297,7 +302,7 @@ if command -v compute-sanitizer > /dev/null; then
     set_var=${tool}_set
     echo "== compute-sanitizer --tool $tool (${!set_var})"
     budget_for "compute-sanitizer --tool $tool" 150 || { status=1; continue; }
-    timeout "$t" compute-sanitizer --tool "$tool" --error-exitcode 3 "$stage/test_cuda_kernels" --gtest_brief=1 \
+    timeout -k 10 "$t" compute-sanitizer --tool "$tool" --error-exitcode 3 "$stage/test_cuda_kernels" --gtest_brief=1 \
       --gtest_filter="${!set_var}" > "$out/$tool.log" 2>&1
     rc=$?
     tail -4 "$out/$tool.log"

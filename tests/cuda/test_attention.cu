@@ -432,16 +432,22 @@ std::vector<T> append_decode_chain(cuda::DecodeKernel kernel, Launches launches,
         // Captured PDL launches become programmatic edges (else graph_pdl would only
         // repeat the plain graph): the step's kernels are compiled for sm_90 and hold
         // the wait, so on a Hopper or newer device at least one edge must be.
+#if CUDART_VERSION >= 12030  // edge data: cudaGraphGetEdges_v2 in 12.3–12.9, cudaGraphGetEdges from 13.0
         std::size_t edges = 64;  // capacity in, count out (a step has a handful)
         std::vector<cudaGraphNode_t> from(edges), to(edges);
         std::vector<cudaGraphEdgeData> data(edges);
+#if CUDART_VERSION >= 13000
         EXPECT_EQ(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &edges), cudaSuccess);
+#else
+        EXPECT_EQ(cudaGraphGetEdges_v2(g, from.data(), to.data(), data.data(), &edges), cudaSuccess);
+#endif
         int programmatic = 0;
         for (std::size_t e = 0; e < edges && e < data.size(); ++e)
           programmatic += data[e].type == cudaGraphDependencyTypeProgrammatic;
         cudaDeviceProp prop{};
         EXPECT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
         if (prop.major >= 9) EXPECT_GE(programmatic, 1) << "of " << edges << " edges in the captured step";
+#endif
       }
       if (!g || cudaGraphInstantiate(&exec, g, 0) != cudaSuccess || !exec) {
         ADD_FAILURE() << "the decode step could not be captured into a CUDA graph";
