@@ -281,16 +281,19 @@ KVQ_DENSE_INSTANTIATIONS(KVQ_DENSE_TESTS)
 
 // The pipelines bench_cuda_decode sweeps for the 16-bit pages (BM_DecodePipeFP16TC), so
 // that one that measures faster can become the default with its device check in place:
-// one warp with 4 stages and two with 3, against the CPU as the default pipeline is.
+// one warp with 4 stages and two with 3, both precisions (check_dense_decode instantiates
+// both), against the CPU as the default pipeline is.
 TEST(CudaDenseDecodeTensorCore, OtherPipelines_half_d128) {
   KVQ_REQUIRE_CUDA_DEVICE();
   if (!tensor_cores_present()) GTEST_SKIP() << "device below sm_80";
   constexpr auto kTensorCore = cuda::DecodeKernel::tensor_core;
   std::uint32_t seed = 250;
   for (const auto& c : cases()) {
-    check_dense_decode<half_t, 128, cuda::kernel::MmaPipeline<1, 4>>(c, seed, kTensorCore);
-    check_dense_decode<half_t, 128, cuda::kernel::MmaPipeline<1, 4>>(c, seed, kTensorCore, cuda::DecodePrecision::fast);
-    check_dense_decode<half_t, 128, cuda::kernel::MmaPipeline<2, 3>>(c, seed++, kTensorCore, cuda::DecodePrecision::fast);
+    for (const auto precision : {cuda::DecodePrecision::exact, cuda::DecodePrecision::fast}) {
+      check_dense_decode<half_t, 128, cuda::kernel::MmaPipeline<1, 4>>(c, seed, kTensorCore, precision);
+      check_dense_decode<half_t, 128, cuda::kernel::MmaPipeline<2, 3>>(c, seed, kTensorCore, precision);
+    }
+    ++seed;
   }
 }
 
