@@ -266,12 +266,11 @@ int compare_decode_rows(const std::vector<T>& out, const std::vector<float>& lse
 // basis (the kernels run with rotated_output, which needs un-centered values): every
 // non-empty row within the bound stated in kvq/cuda/kernel/decode_mma.cuh,
 //   |Δo_d| ≤ u·Σ_t p_t·(ln2·a_t·|ŵ_{t,d} − o_d| + |ŵ_{t,d} − lo_{t,d}|)·2^{2u·max a},
-//   a_t = Σ_i |q'_i·(k̂_{t,i} − lo_{t,i})| + κ·Σ_i |q'_i·s_{t,i}|,
+//   a_t = Σ_i |q'_i·(k̂_{t,i} − lo_{t,i})|,
 // u = 2⁻¹¹ (2⁻⁸ for bf16 pages, whose operands are bf16), in L2 over d, plus 1e-5·‖o‖ for
-// the fp32 parts and one rounding of o to T. κ (kappa): the key accumulators' start term
-// of quantized pages (kFastKeyBiasKappa), 0 for 16-bit pages.
-// key_row / value_row(b, t, h, x, lo, s) write token t's dequantized stored-basis row,
-// each element's group minimum and |scale| (0 for 16-bit pages); to_stored(q, h) turns a
+// the fp32 parts and one rounding of o to T.
+// key_row / value_row(b, t, h, x, lo) write token t's dequantized stored-basis row and
+// each element's group minimum (0 for 16-bit pages); to_stored(q, h) turns a
 // query row into q·R_K. Returns the largest error/bound ratio (< 1 passes); empty rows
 // must be 0. Rows whose reference has NaN (a visible NaN logit, a weighted NaN value
 // group) must have NaN in exactly the same elements; nan_rows counts them.
@@ -279,12 +278,12 @@ template <int D, ActivationType T, class ToStored, class KeyRow, class ValueRow>
 double check_fast_bound(const PageTableView& table, const std::vector<T>& q, const std::vector<std::int32_t>& q_indptr,
                         int hq, int hkv, const std::int32_t* causal_offset, ToStored&& to_stored, KeyRow&& key_row,
                         ValueRow&& value_row, const std::vector<T>& out, const std::string& what,
-                        double u = 0x1p-11, double kappa = 0, int* nan_rows = nullptr) {
+                        double u = 0x1p-11, int* nan_rows = nullptr) {
   const int group = hq / hkv;
   const double tau_log2e = 1.0 / std::sqrt(double(D)) / std::log(2.0);
   double worst = 0;
   int bad = 0;
-  std::vector<float> qrow(D), x(D), lo(D), sc(D);
+  std::vector<float> qrow(D), x(D), lo(D);
   std::vector<double> o(D), logit, code_part, vrow, vcode;  // per visible token (rows: [t][D])
   for (int b = 0; b < table.batch_size; ++b) {
     const int len = table.seq_len(b), nq = q_indptr[b + 1] - q_indptr[b];
@@ -300,13 +299,13 @@ double check_fast_bound(const PageTableView& table, const std::vector<T>& q, con
         vrow.assign(std::size_t(visible) * D, 0.0), vcode.assign(std::size_t(visible) * D, 0.0);
         double max_a = 0, m = -INFINITY, l = 0;
         for (int t = 0; t < visible; ++t) {
-          key_row(b, t, h, x.data(), lo.data(), sc.data());
+          key_row(b, t, h, x.data(), lo.data());
           for (int d = 0; d < D; ++d)
             logit[t] += double(qrow[d]) * x[d],
-                code_part[t] += std::abs(double(qrow[d]) * (x[d] - lo[d])) + kappa * std::abs(double(qrow[d]) * sc[d]);
+                code_part[t] += std::abs(double(qrow[d]) * (x[d] - lo[d]));
           logit[t] *= tau_log2e, code_part[t] *= tau_log2e;
           max_a = std::max(max_a, code_part[t]), m = std::max(m, logit[t]);
-          value_row(b, t, h, x.data(), lo.data(), sc.data());
+          value_row(b, t, h, x.data(), lo.data());
           for (int d = 0; d < D; ++d) vrow[std::size_t(t) * D + d] = x[d], vcode[std::size_t(t) * D + d] = std::abs(double(x[d]) - lo[d]);
         }
         std::fill(o.begin(), o.end(), 0.0);
@@ -358,27 +357,25 @@ double check_fast_bound(const std::byte* pool, const PageLayout<P>& layout, cons
   constexpr int D = P.head_dim;
   std::vector<float> scratch(D);
   auto page = [&](int b, int t) { return pool + layout.page_bytes() * table.page_of(b, t); };
-  auto row = [&]<QuantSpec S>(const std::byte* codes, const std::byte* meta_bytes, float* x, float* lo, float* sc) {
+  auto row = [&]<QuantSpec S>(const std::byte* codes, const std::byte* meta_bytes, float* x, float* lo) {
     const auto* meta = reinterpret_cast<const meta_storage_t<S.meta>*>(meta_bytes);
     dequantize_row<S, D>(reinterpret_cast<const std::uint8_t*>(codes), meta, x);
-    for (int d = 0; d < D; ++d)
-      lo[d] = MetaTraits<S.meta>::decode(meta[2 * (d / S.group) + 1]),
-      sc[d] = std::abs(MetaTraits<S.meta>::decode(meta[2 * (d / S.group)]));
+    for (int d = 0; d < D; ++d) lo[d] = MetaTraits<S.meta>::decode(meta[2 * (d / S.group) + 1]);
   };
   return check_fast_bound<D>(
       table, q, q_indptr, hq, layout.num_kv_heads, causal_offset,
       [&](float* x, int h) { transform_query<P>(x, h, rot, scratch.data()); },
-      [&](int b, int t, int h, float* x, float* lo, float* sc) {
+      [&](int b, int t, int h, float* x, float* lo) {
         const int slot = t % table.page_size;
         row.template operator()<P.key>(layout.key_codes(page(b, t), h, slot), layout.key_meta_bytes(page(b, t), h, slot), x,
-                                       lo, sc);
+                                       lo);
       },
-      [&](int b, int t, int h, float* x, float* lo, float* sc) {
+      [&](int b, int t, int h, float* x, float* lo) {
         const int slot = t % table.page_size;
         row.template operator()<P.value>(layout.value_codes(page(b, t), h, slot),
-                                         layout.value_meta_bytes(page(b, t), h, slot), x, lo, sc);
+                                         layout.value_meta_bytes(page(b, t), h, slot), x, lo);
       },
-      out, what, 0x1p-11, cuda::kFastKeyBiasKappa<P>, nan_rows);
+      out, what, 0x1p-11, nan_rows);
 }
 
 // check_fast_bound for 16-bit pages (lo = 0, no rotation).
@@ -386,17 +383,15 @@ template <ActivationType PT, int D, ActivationType T>
 double check_fast_bound(const std::byte* pool, const DensePageLayout<PT, D>& layout, const PageTableView& table,
                         const std::vector<T>& q, const std::vector<std::int32_t>& q_indptr, int hq,
                         const std::int32_t* causal_offset, const std::vector<T>& out, const std::string& what) {
-  auto copy = [](const PT* r, float* x, float* lo, float* sc) {
-    for (int d = 0; d < D; ++d) x[d] = to_float(r[d]), lo[d] = 0.f, sc[d] = 0.f;
+  auto copy = [](const PT* r, float* x, float* lo) {
+    for (int d = 0; d < D; ++d) x[d] = to_float(r[d]), lo[d] = 0.f;
   };
   auto page = [&](int b, int t) { return pool + layout.page_bytes() * table.page_of(b, t); };
   return check_fast_bound<D>(
       table, q, q_indptr, hq, layout.num_kv_heads, causal_offset, [](float*, int) {},
-      [&](int b, int t, int h, float* x, float* lo, float* sc) {
-        copy(layout.key_row(page(b, t), h, t % table.page_size), x, lo, sc);
-      },
-      [&](int b, int t, int h, float* x, float* lo, float* sc) {
-        copy(layout.value_row(page(b, t), h, t % table.page_size), x, lo, sc);
+      [&](int b, int t, int h, float* x, float* lo) { copy(layout.key_row(page(b, t), h, t % table.page_size), x, lo); },
+      [&](int b, int t, int h, float* x, float* lo) {
+        copy(layout.value_row(page(b, t), h, t % table.page_size), x, lo);
       },
       out, what, std::is_same_v<PT, bfloat16_t> ? 0x1p-8 : 0x1p-11);
 }

@@ -7,7 +7,8 @@
 // bound of kernel/decode_mma.cuh (check_fast_bound). Covers GQA 1/4/8, page sizes
 // 16–256, ragged and empty sequences, several causal query tokens, explicit causal
 // offsets, split counts 1–8 and the rotated-basis output; each policy through both the
-// CUDA-core and (where it applies) the tensor-core kernel.
+// CUDA-core and (where it applies) the tensor-core kernel. CudaMma checks the tensor
+// cores' handling of the subnormal code operands that the tensor-core kernel relies on.
 #include <limits>
 
 #include "cuda_test_utils.hpp"
@@ -540,6 +541,61 @@ TEST(CudaDependentLaunch, KernelsCompiledForSm90HoldTheWait) {
       ASSERT_TRUE(cuda::detail::kernel_waits_for_prior_grids(k, waits).ok());
       EXPECT_TRUE(waits) << "round " << round;
     }
+}
+
+// One mma.sync m16n8k16 per lane's fragments (layouts in kvq/cuda/warp/mma.cuh).
+__global__ void mma_probe(const unsigned* a, const unsigned* b, float* c) {
+  const int lane = threadIdx.x;
+  const unsigned ra[4] = {a[4 * lane], a[4 * lane + 1], a[4 * lane + 2], a[4 * lane + 3]};
+  const unsigned rb[2] = {b[2 * lane], b[2 * lane + 1]};
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  kvq::cuda::warp::mma_16816<half_t>(acc, ra, rb);
+  for (int i = 0; i < 4; ++i) c[4 * lane + i] = acc[i];
+}
+
+// The tensor-core decode unpacks codes as fp16 subnormals, c·2^(e−24) (code_pair in
+// kernel/decode_mma.cuh): the tensor cores must take them as they are. A holds such
+// patterns (every code width, every position in the mantissa), B integers of both signs
+// below 2^10, so each sum is a multiple of 2^-24 below 1 that fp32 holds exactly,
+// whatever order the tensor core adds in. Tensor cores that flushed subnormal operands
+// would give 0 here, and every quantized `fast` and `exact` decode would be wrong.
+TEST(CudaMma, SubnormalHalfOperandsMultiplyExactly) {
+  KVQ_REQUIRE_CUDA_DEVICE();
+  std::mt19937 rng(2026);
+  std::uint16_t A[16][16], B[16][8];
+  for (int m = 0; m < 16; ++m)
+    for (int k = 0; k < 16; ++k) {
+      const int bits = 1 << (rng() % 4), shift = int(rng() % (11 - bits));  // width 1–8, inside the 10 mantissa bits
+      A[m][k] = static_cast<std::uint16_t>((rng() & ((1u << bits) - 1)) << shift);
+    }
+  for (int k = 0; k < 16; ++k)
+    for (int n = 0; n < 8; ++n) B[k][n] = static_cast<std::uint16_t>(bits_of(half_t(float(int(rng() % 2047) - 1023))));
+  std::vector<unsigned> a(128), b(64);
+  auto pair = [](std::uint16_t lo, std::uint16_t hi) { return unsigned(lo) | unsigned(hi) << 16; };
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    a[4 * lane] = pair(A[g][2 * t], A[g][2 * t + 1]);
+    a[4 * lane + 1] = pair(A[g + 8][2 * t], A[g + 8][2 * t + 1]);
+    a[4 * lane + 2] = pair(A[g][2 * t + 8], A[g][2 * t + 9]);
+    a[4 * lane + 3] = pair(A[g + 8][2 * t + 8], A[g + 8][2 * t + 9]);
+    b[2 * lane] = pair(B[2 * t][g], B[2 * t + 1][g]);
+    b[2 * lane + 1] = pair(B[2 * t + 8][g], B[2 * t + 9][g]);
+  }
+  DeviceBuffer<unsigned> da(a), db(b);
+  DeviceBuffer<float> dc(128);
+  mma_probe<<<1, 32>>>(da.get(), db.get(), dc.get());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> c = dc.download();
+  int nonzero = 0;
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      const int row = lane / 4 + 8 * (i / 2), col = 2 * (lane % 4) + i % 2;
+      double want = 0;
+      for (int k = 0; k < 16; ++k) want += double(A[row][k]) * 0x1p-24 * double(to_float(half_t::from_bits(B[k][col])));
+      nonzero += want != 0;
+      EXPECT_EQ(double(c[4 * lane + i]), want) << "C(" << row << ", " << col << ")";
+    }
+  EXPECT_GT(nonzero, 100);  // the case is not vacuous
 }
 
 TEST(CudaDevice, ReportsWhetherADeviceExists) {

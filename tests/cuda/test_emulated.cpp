@@ -384,7 +384,8 @@ TEST(CudaEmulated, MmaFollowsThePtxFragmentLayout) {
 
 // The tensor-core kernel's exact code unpacking: every fp16 pair of a key run (two codes
 // of one token) and of a value run (one code of two tokens) holds the codes its tables
-// name times 2^exp, and the tables cover each code of the run exactly once.
+// name times 2^(exp + kCodeExp) (fp16 subnormals), and the tables cover each code of the
+// run exactly once.
 template <int Bits>
 unsigned packed_code(const std::uint8_t* run, int i) {
   return (run[i * Bits / 8] >> (i * Bits % 8)) & ((1u << Bits) - 1u);
@@ -400,7 +401,7 @@ void check_key_run(std::mt19937& gen) {
   KR::unpack(reinterpret_cast<const std::byte*>(run), u);
   std::vector<int> seen(RunBits / Bits, 0);
   for (int r = 0; r < KR::kPairs; ++r) {
-    const float scale = std::ldexp(1.f, KR::exp(r));
+    const float scale = std::ldexp(1.f, KR::exp(r) + kern::kCodeExp);
     EXPECT_EQ(pair_half(u[r], 0), float(packed_code<Bits>(run, KR::lo(r))) * scale) << Bits << "/" << RunBits << " r " << r;
     EXPECT_EQ(pair_half(u[r], 1), float(packed_code<Bits>(run, KR::hi(r))) * scale) << Bits << "/" << RunBits << " r " << r;
     ++seen[KR::lo(r)], ++seen[KR::hi(r)];
@@ -418,7 +419,7 @@ void check_value_run(std::mt19937& gen) {
   VR::unpack(reinterpret_cast<const std::byte*>(a), reinterpret_cast<const std::byte*>(b), u);
   std::vector<int> seen(RunBits / Bits, 0);
   for (int r = 0; r < VR::kPairs; ++r) {
-    const float scale = std::ldexp(1.f, VR::exp(r));
+    const float scale = std::ldexp(1.f, VR::exp(r) + kern::kCodeExp);
     EXPECT_EQ(pair_half(u[r], 0), float(packed_code<Bits>(a, VR::code(r))) * scale) << Bits << "/" << RunBits << " r " << r;
     EXPECT_EQ(pair_half(u[r], 1), float(packed_code<Bits>(b, VR::code(r))) * scale) << Bits << "/" << RunBits << " r " << r;
     ++seen[VR::code(r)];

@@ -9,9 +9,9 @@
 //
 // Swapped MMA roles (mma.sync m16n8k16, tokens in M, the 8 rows in N), per 16 tokens:
 //   q·k  Sᵀ [16 tokens × 8 rows] = Σ_groups s_g ⊙ (C_g · Q'_gᵀ) + lo_g ⊗ Σq'_g
-//        A = key codes of tokens g and g+8, unpacked exactly to fp16 (0x6400 trick: one
-//        LOP3 per code pair, 1024 + c·2^e; `exact` adds an HSUB2 to remove the 1024, `fast`
-//        starts the accumulator at −1024·Σb instead); B = Q' fragments built once per CTA.
+//        A = key codes of tokens g and g+8, unpacked exactly to fp16 subnormals (one LOP3
+//        per code pair: the masked code bits are the mantissa, c·2^(e−24), no bias to
+//        remove); B = Q' fragments built once per CTA.
 //        Each MMA's k-step lies in one key group, whose fp32 accumulator is folded with
 //        the token's (scale, lo) — the codes are never dequantized.
 //   p·v  Oᵀ [D dims × 8 rows] += C_vᵀ · (P ⊙ s_v)ᵀ, and Σ p·lo_v per (row, value group)
@@ -25,9 +25,13 @@
 // Permuted head dimension. q·k only needs Q and K under the same permutation of the
 // head dims, so a lane takes a contiguous run of each key group of its tokens (the
 // quarter t of the group's bytes) and Q' is laid out to match; p·v permutes the output
-// dims likewise and un-permutes them when the warps merge. The 0x6400 trick leaves code
-// j of a 32-bit word scaled by an exact power of two 2^e (its bit offset, or offset − 6
-// after one shift); Q' absorbs 2^−e for keys, the output for values.
+// dims likewise and un-permutes them when the warps merge. Masking in place leaves code
+// j of a 32-bit word scaled by an exact power of two 2^(e−24) (e: its bit offset, or
+// offset − 6 after one shift); Q' absorbs 2^−e for keys, the output for values, and the
+// common 2^−24 (kCodeExp) comes back through the softmax (logits in units of 2^−24)
+// and the output. (Until 2026-12-06 the codes were 1024 + c·2^e by the 0x6400 trick,
+// which cost an HSUB2 per code pair, or, for `fast` keys, a −1024·Σb accumulator start
+// and a cancellation term in the bound below.)
 //
 // Precision (DecodePrecision, kvq/cuda/traits/tensor_core.hpp). `exact`: Q' and p·s_v are
 // split into fp16 hi + lo (bf16 pages: hi + mid + lo) — fp32-like products, within 1e-5
@@ -39,14 +43,12 @@
 // Error of `fast` against exact attention over K̂, V̂, per output element d of a row, to
 // first order in u (the test adds the factor 2^{2u·max a} for the rest, and fp32 rounding):
 //   |Δo_d| ≤ u·Σ_t p_t·(ln2·a_t·|ŵ_{t,d} − o_d| + |s_{v,t}·c_{t,d}|)
-//   a_t = Σ_i |q'_i·s_{g(i),t}·c_{t,i}| + κ·Σ_i |q'_i·s_{g(i),t}|   log₂ units
-//         (q' = τ·log₂e·q·R_K; κ = kFastKeyBiasKappa<P>, 2.25 at key group 32; 16-bit
-//         pages: Σ_i |q'_i·k_{t,i}|, and the last term |v_{t,d}|)
+//   a_t = Σ_i |q'_i·s_{g(i),t}·c_{t,i}|   log₂ units
+//         (q' = τ·log₂e·q·R_K; 16-bit pages: Σ_i |q'_i·k_{t,i}|, and the last term |v_{t,d}|)
 // with t over the row's visible tokens, p the exact weights, ŵ_t the stored-basis value
 // row and o the stored-basis output (R_V is orthogonal: the error's L2 norm is the same in
-// the original basis). Why: rounding Q' moves logit t by at most u·a_t's first term, and
-// the biased key codes' fp32 cancellation (MmaOps::logits) by at most its second; a logit
-// error moves the output by ln2·Σ_t p_t·Δs_t·(ŵ_t − o); rounding p·s_v moves each value
+// the original basis). Why: rounding Q' moves logit t by at most u·a_t; a logit error
+// moves the output by ln2·Σ_t p_t·Δs_t·(ŵ_t − o); rounding p·s_v moves each value
 // code term by at most u of itself. tests/cuda/test_emulated.cpp checks it against fp64
 // attention over the dequantized cache, and tests/cuda/test_attention.cu on the device.
 //
@@ -86,23 +88,20 @@ __device__ __forceinline__ void load_run(const std::byte* p, unsigned (&w)[Bytes
   }
 }
 
-// Code j of both 16-bit halves of w (bit offset o = j·Bits) as an fp16 pair scaled by
-// 2^e: e = o when the code fits the fp16 mantissa there, else o − 6 from w >> 6.
+// Code j of both 16-bit halves of w (bit offset o = j·Bits), masked in place, is an fp16
+// pair of subnormals c·2^(e + kCodeExp) — exact, no bias to remove (an fp16 with a zero
+// exponent field is mantissa·2^-24; the tensor cores take subnormal fp16 operands, which
+// the device test CudaMma.SubnormalHalfOperandsMultiplyExactly checks): e = o when the
+// code fits the 10 mantissa bits there, else o − 6 from w >> 6. One LOP3 per code pair.
+inline constexpr int kCodeExp = -24;
 template <int Bits>
 KVQ_HOST_DEVICE constexpr int code_exp(int j) {
   return j * Bits + Bits <= 10 ? j * Bits : j * Bits - 6;
 }
-// kBiased: leave the pair as (1024 + x0, 1024 + x1), for a product whose accumulator
-// starts at −1024·Σb (MmaOps::logits in `fast`).
-template <int Bits, int J, bool kBiased = false>
+template <int Bits, int J>
 __device__ __forceinline__ unsigned code_pair(unsigned w, unsigned w6) {
   constexpr unsigned kMask = (((1u << Bits) - 1u) << code_exp<Bits>(J)) * 0x00010001u;
-  const unsigned biased = warp::and_or<kMask>(J * Bits + Bits <= 10 ? w : w6, 0x64006400u);
-  if constexpr (kBiased) {
-    return biased;
-  } else {
-    return warp::unbias_half2(biased);
-  }
+  return (J * Bits + Bits <= 10 ? w : w6) & kMask;
 }
 
 // f(std::integral_constant<int, i>) for i = 0 … N−1: code positions as template arguments
@@ -115,7 +114,7 @@ __device__ __forceinline__ void for_each_index(F&& f) {
 
 // A lane's run of one key group of one token: RunBits = group·Bits/4 bits (16 or a
 // multiple of 32) → GK/8 fp16 pairs, two codes of the same token each.
-//   pair r = (code lo(r), code hi(r)) of the run, both scaled by 2^exp(r)
+//   pair r = (code lo(r), code hi(r)) of the run, both scaled by 2^(exp(r) + kCodeExp)
 template <int Bits, int RunBits>
 struct KeyRun {
   static_assert(RunBits == 16 || RunBits % 32 == 0, "kvq: key runs are 16 bits or whole words");
@@ -127,7 +126,6 @@ struct KeyRun {
   KVQ_HOST_DEVICE static constexpr int hi(int r) { return RunBits == 16 ? 8 / Bits + r : lo(r) + 16 / Bits; }
   KVQ_HOST_DEVICE static constexpr int exp(int r) { return RunBits == 16 ? r * Bits : code_exp<Bits>(r % kPerWord); }
 
-  template <bool kBiased = false>
   __device__ static void unpack(const std::byte* run, unsigned (&u)[kPairs]) {
     unsigned w[RunBits < 32 ? 1 : RunBits / 32];
     load_run<RunBits / 8>(run, w);
@@ -135,14 +133,14 @@ struct KeyRun {
       // bytes (b0, b1) → halves (b0, b1): code j of each byte at bit j·Bits ≤ 6
       const unsigned x = warp::byte_perm(w[0], 0u, 0x4140u);
       for_each_index<kPairs>(
-          [&](auto r) { u[decltype(r)::value] = code_pair<Bits, decltype(r)::value, kBiased>(x, x); });
+          [&](auto r) { u[decltype(r)::value] = code_pair<Bits, decltype(r)::value>(x, x); });
     } else {
 #pragma unroll
       for (int q = 0; q < RunBits / 32; ++q) {
         const unsigned w6 = w[q] >> 6;
         for_each_index<kPerWord>([&](auto j) {
           constexpr int J = decltype(j)::value;
-          u[q * kPerWord + J] = code_pair<Bits, J, kBiased>(w[q], w6);
+          u[q * kPerWord + J] = code_pair<Bits, J>(w[q], w6);
         });
       }
     }
@@ -150,7 +148,7 @@ struct KeyRun {
 };
 
 // A lane's run of one value group for two tokens a, b: RunBits = group·Bits/8 bits (16 or
-// a multiple of 32) → group/8 fp16 pairs (code(r) of token a, code(r) of token b)·2^exp(r).
+// a multiple of 32) → group/8 fp16 pairs (code(r) of token a, code(r) of token b)·2^(exp(r) + kCodeExp).
 template <int Bits, int RunBits>
 struct ValueRun {
   static_assert(RunBits == 16 || RunBits % 32 == 0, "kvq: value runs are 16 bits or whole words");
@@ -202,6 +200,7 @@ struct MmaOps<QuantSource<P>> {
   using VR = ValueRun<P.value.bits, kValueRunBytes * 8>;
   static constexpr StageLayout kKeyLayout = StageLayout::linear, kValueLayout = StageLayout::linear;
   static constexpr bool kZeroMissingValues = false;  // codes are finite; zero weights are skipped
+  static constexpr int kUnitExp = kCodeExp;  // logits and Oᵀ come out in units of 2^kUnitExp
 
   // Head dim and power-of-two exponent of element i (0: b[0] low, 1: b[0] high, 2: b[1]
   // low, 3: b[1] high) of the Q' fragment of k-step ks for lane quarter t.
@@ -227,17 +226,12 @@ struct MmaOps<QuantSource<P>> {
     return m;
   }
 
-  // s += Σ_groups s_g·(C_g·Q'_gᵀ)·qup + lo_g·Σq'_g for m-tile `mt`;
-  // qf_s: Q' fragments [KS][Splits][32] uint2; qsum: Σq'_g/qup of rows 2t, 2t+1;
-  // bias_s: [NK][4 lane quarters] float4, the accumulators' start −1024·Σb of `fast`.
-  // `fast` (one split) keeps the codes biased, 1024 + c·2^e, and starts each group's
-  // accumulator at −1024·Σ_k b_k instead (one LDS.128 per group and m-tile for an HSUB2
-  // per code pair); `exact` subtracts the bias from the codes, whose 22-bit operands the
-  // cancellation would degrade.
+  // s += (Σ_groups s_g·(C_g·Q'_gᵀ) + lo_g·Σq'_g)·qup for m-tile `mt`, in units of
+  // 2^kUnitExp (C_g: the codes as subnormals); qf_s: Q' fragments [KS][Splits][32] uint2;
+  // qsum: Σq'_g·2^kUnitExp/qup of rows 2t, 2t+1.
   template <int Splits>
   __device__ static void logits(const std::byte* kc, const std::byte* km, int mt, const uint2* qf_s,
-                                const float4* bias_s, const float (&qsum)[2][NK], float qup, float (&s)[4]) {
-    constexpr bool kFold = Splits == 1;
+                                const float (&qsum)[2][NK], float qup, float (&s)[4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int ta = 16 * mt + g, tb = ta + 8;
     const auto* ma = reinterpret_cast<const meta_storage_t<P.key.meta>*>(km + std::size_t(ta) * Src::kmb);
@@ -246,13 +240,9 @@ struct MmaOps<QuantSource<P>> {
     for (int grp = 0; grp < NK; ++grp) {
       const std::size_t off = std::size_t(grp) * (GK * P.key.bits / 8) + t * kKeyRunBytes;
       unsigned ua[KR::kPairs], ub[KR::kPairs];
-      KR::template unpack<kFold>(kc + std::size_t(ta) * Src::kcb + off, ua);
-      KR::template unpack<kFold>(kc + std::size_t(tb) * Src::kcb + off, ub);
+      KR::unpack(kc + std::size_t(ta) * Src::kcb + off, ua);
+      KR::unpack(kc + std::size_t(tb) * Src::kcb + off, ub);
       float acc[4] = {0.f, 0.f, 0.f, 0.f};
-      if constexpr (kFold) {
-        const float4 b = bias_s[grp * 4 + t];
-        acc[0] = b.x, acc[1] = b.y, acc[2] = b.z, acc[3] = b.w;
-      }
 #pragma unroll
       for (int k = 0; k < KSG; ++k) {
         const unsigned a[4] = {ua[2 * k], ub[2 * k], ua[2 * k + 1], ub[2 * k + 1]};
@@ -332,6 +322,7 @@ struct MmaOps<DenseSource<T, HD>> {
   }
   __device__ static int value_group(int) { return 0; }
   __device__ static float value_scale(const std::byte*, int) { return 1.f; }
+  static constexpr int kUnitExp = 0;
 
   // Row `tok`'s 16-byte chunk c in the swizzled stage.
   __device__ static const std::byte* chunk(const std::byte* base, int tok, int c) {
@@ -339,7 +330,7 @@ struct MmaOps<DenseSource<T, HD>> {
   }
 
   template <int Splits>
-  __device__ static void logits(const std::byte* kc, const std::byte*, int mt, const uint2* qf_s, const float4*,
+  __device__ static void logits(const std::byte* kc, const std::byte*, int mt, const uint2* qf_s,
                                 const float (&)[2][NK], float qup, float (&s)[4]) {
     const int lane = threadIdx.x & 31, i = lane >> 3, r = lane & 7;
     const int tok = 16 * mt + (i & 1) * 8 + r;  // ldmatrix row of this lane: a[0..3] = (tok 0-7 | 8-15) × (k 0-7 | 8-15)
@@ -413,12 +404,10 @@ struct MmaDecodeConfig {
   static constexpr int min_ctas_per_sm(DecodePrecision p) {
     return D <= 128 && (Src::kmb > 0 || p == DecodePrecision::fast) ? 16 / NW : 1;
   }
-  // Query fragments [KS][kMaxSplits][32 lanes] uint2, the CTA's exponent of Q' (int, 16
-  // bytes), then for quantized pages the key accumulators' start [NK][4][4] float
-  // (MmaOps::logits).
+  // Query fragments [KS][kMaxSplits][32 lanes] uint2, then the CTA's exponent of Q'
+  // (int, 16 bytes).
   static constexpr std::size_t kQmaxOff = std::size_t(KS) * kMaxSplits * 32 * 8;
-  static constexpr std::size_t kBiasOff = kQmaxOff + 16;
-  static constexpr std::size_t kFragBytes = kBiasOff + (Src::kmb > 0 ? std::size_t(Src::NK) * 64 : 0);
+  static constexpr std::size_t kFragBytes = kQmaxOff + 16;
   static constexpr DecodeSmem smem{std::size_t(Src::kcb), std::size_t(Src::kmb), std::size_t(Src::vcb),
                                    std::size_t(Src::vmb), D, R, Src::NK, NW, kFragBytes, NS, false};
 };
@@ -456,7 +445,6 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type, Pipe
   int* limit_s = reinterpret_cast<int*>(smem + S.limit_off());
   uint2* qf_s = reinterpret_cast<uint2*>(smem + S.frag_off());
   int* qmax_s = reinterpret_cast<int*>(smem + S.frag_off() + Cfg::kQmaxOff);
-  float4* bias_s = reinterpret_cast<float4*>(smem + S.frag_off() + Cfg::kBiasOff);
 
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   wait_for_prior_grids();  // queries, page table and cache may come from the previous kernels
@@ -512,25 +500,6 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type, Pipe
     for (int p = 0; p < Splits; ++p) qf_s[(ks * Splits + p) * 32 + lane] = uint2{b0[p], b1[p]};
   }
   __syncthreads();
-  if constexpr (kQuant && Splits == 1) {
-    // −1024·Σb over each key group's k-steps, per row n (B column n: lanes 4n … 4n + 3).
-    // The fp16 values sum in fp64 (exactly, up to 2^-50 relative) and round once to fp32.
-    constexpr int KSG = KS / NK;
-    for (int item = threadIdx.x; item < R * NK; item += NW * 32) {
-      const int n = item % R, grp = item / R;
-      double sum = 0;
-      for (int ks = grp * KSG; ks < (grp + 1) * KSG; ++ks)
-        for (int l = 4 * n; l < 4 * n + 4; ++l) {
-          const uint2 b = qf_s[ks * 32 + l];
-          sum += double(warp::op_value<Operand>(b.x & 0xffffu)) + double(warp::op_value<Operand>(b.x >> 16)) +
-                 double(warp::op_value<Operand>(b.y & 0xffffu)) + double(warp::op_value<Operand>(b.y >> 16));
-        }
-      // Lane quarter t holds rows 2t, 2t + 1 as {c0, c1, c2, c3} = {2t, 2t+1, 2t, 2t+1}.
-      float* q4 = reinterpret_cast<float*>(bias_s + grp * 4 + n / 2);
-      q4[n % 2] = q4[n % 2 + 2] = static_cast<float>(-1024.0 * sum);
-    }
-    __syncthreads();
-  }
 
   // 3. The token loop. This lane's rows are 2t and 2t + 1.
   const int lim[2] = {limit_s[2 * t], limit_s[2 * t + 1]};
@@ -540,10 +509,16 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type, Pipe
   int lim_real = te;
 #pragma unroll
   for (int r = 0; r < R; ++r) lim_real = r < tile.rows && limit_s[r] < lim_real ? limit_s[r] : lim_real;
+  // The logits come out in units of 2^kUnitExp (the codes' subnormal scale), so the
+  // lo terms' Σq' take that scale too (exactly, unless a group's Σq' is below 2^-115 of
+  // max |q'|), and the softmax multiplies differences by kUnit (an FFMA in place of the
+  // FADD: the same single rounding of s − m).
+  constexpr float kUnit = static_cast<float>(1u << -Ops::kUnitExp);
   float qsum[2][NK];
 #pragma unroll
   for (int k = 0; k < NK; ++k)
-    qsum[0][k] = ldexpf(qsum_s[(2 * t) * NK + k], -qexp), qsum[1][k] = ldexpf(qsum_s[(2 * t + 1) * NK + k], -qexp);
+    qsum[0][k] = ldexpf(qsum_s[(2 * t) * NK + k], Ops::kUnitExp - qexp),
+    qsum[1][k] = ldexpf(qsum_s[(2 * t + 1) * NK + k], Ops::kUnitExp - qexp);
 
   float o[D / 16][4];  // Oᵀ fragments, units of 2^-pexp
   float olo[2][NV];
@@ -569,7 +544,7 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type, Pipe
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
       s[mt][0] = s[mt][1] = s[mt][2] = s[mt][3] = 0.f;
-      Ops::template logits<Splits>(kc, km, mt, qf_s, bias_s, qsum, qup, s[mt]);
+      Ops::template logits<Splits>(kc, km, mt, qf_s, qsum, qup, s[mt]);
     }
     if (vcur != KVQ_FULL_MASK || t0 + 31 > lim_real) {  // warp-uniform
 #pragma unroll
@@ -610,15 +585,15 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type, Pipe
     for (int j = 0; j < 2; ++j) {
       float mx = warp::fmax_nan(warp::fmax_nan(s[0][j], s[0][j + 2]), warp::fmax_nan(s[1][j], s[1][j + 2]));
       mx = max_over_tokens(mx);
-      const float m_new = warp::fmax_nan(m[j], mx);
+      const float m_new = warp::fmax_nan(m[j], mx), m_new_units = m_new * kUnit;
       float sum = 0.f;
       if (m_new != neg_inf_f()) {
-        corr[j] = warp::exp2_weight(m[j] - m_new);
+        corr[j] = warp::exp2_weight(fmaf(m[j], kUnit, -m_new_units));
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int i = j; i < 4; i += 2) {
-            s[mt][i] = warp::exp2_weight(s[mt][i] - m_new);
+            s[mt][i] = warp::exp2_weight(fmaf(s[mt][i], kUnit, -m_new_units));
             sum += s[mt][i];
           }
       } else {
@@ -667,12 +642,12 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type, Pipe
     for (int top = 0; top < 2; ++top) {
       int e;
       const int dim = Ops::value_dim(md, g, top, e), gv = Ops::value_group(dim);
-      const float unit = ldexpf(1.f, -pexp - e);
+      const float unit = ldexpf(1.f, -pexp - e - Ops::kUnitExp);
 #pragma unroll
       for (int j = 0; j < 2; ++j) acc_m[(w * R + 2 * t + j) * D + dim] = fmaf(o[md][2 * top + j], unit, olo[j][gv]);
     }
   if (g == 0) {
-    m_m[w * R + 2 * t] = m[0], m_m[w * R + 2 * t + 1] = m[1];
+    m_m[w * R + 2 * t] = m[0] * kUnit, m_m[w * R + 2 * t + 1] = m[1] * kUnit;
     l_m[w * R + 2 * t] = l[0], l_m[w * R + 2 * t + 1] = l[1];
   }
   __syncthreads();

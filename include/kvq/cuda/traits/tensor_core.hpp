@@ -29,11 +29,4 @@ inline constexpr bool kTensorCoreDenseDecode =
 // Codes and metadata enter exactly in both, and stay bit-identical to the CPU.
 enum class DecodePrecision { fast, exact };
 
-// κ of the `fast` bound (kernel/decode_mma.cuh), quantized pages: in `fast` the key codes
-// enter the MMA biased, 1024 + c·2^e, and each key group's accumulator starts at
-// −1024·Σb. That start and the group's GK/16 MMAs each round at most 2^-23 of a partial
-// sum ≤ 3·1024·Σ|b|, so a logit moves by up to κ·u·Σ_i |q'_i·s_{g(i)}| more, u = 2^-11.
-template <Policy P>
-inline constexpr double kFastKeyBiasKappa = 3.0 * (P.key.group / 16 + 1) * 1024 * 0x1p-23 / 0x1p-11;
-
 }  // namespace kvq::cuda

@@ -101,31 +101,6 @@ __device__ __forceinline__ void split_pack2(float x0, float x1, unsigned (&out)[
   }
 }
 
-// (x & Mask) | bits in one LOP3: written as C++, two immediates compile to an AND and an
-// OR, one instruction more per code pair of the 0x6400 unpacking. Mask is an immediate,
-// `bits` a register (one for all the masks).
-template <unsigned Mask>
-__device__ __forceinline__ unsigned and_or(unsigned x, unsigned bits) {
-#if defined(__CUDA_ARCH__) && !defined(KVQ_CUDA_HOST_EMULATION)
-  unsigned r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(x), "n"(Mask), "r"(bits));  // (a & b) | c
-  return r;
-#else
-  return (x & Mask) | bits;
-#endif
-}
-
-// An fp16 pair (1024 + x0, 1024 + x1), x < 1024 integers → (x0, x1), exactly (HSUB2).
-__device__ __forceinline__ unsigned unbias_half2(unsigned biased) {
-#if defined(__CUDA_ARCH__)
-  const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&biased), __half2half2(__ushort_as_half(0x6400)));
-  return *reinterpret_cast<const unsigned*>(&r);
-#else
-  return half_bits(half_bits_to_float(static_cast<std::uint16_t>(biased & 0xffffu)) - 1024.f) |
-         (half_bits(half_bits_to_float(static_cast<std::uint16_t>(biased >> 16)) - 1024.f) << 16);
-#endif
-}
-
 // __byte_perm (PRMT): byte k of the result is byte s[4k+3 : 4k] of the 8 bytes {y, x}.
 __device__ __forceinline__ unsigned byte_perm(unsigned x, unsigned y, unsigned s) {
 #if defined(__CUDA_ARCH__)
