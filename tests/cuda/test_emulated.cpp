@@ -650,6 +650,63 @@ TEST(CudaEmulated, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
                                                                                  // seq 1's second, seq 3's second)
       }
 }
+// Logits below −FLT_MAX are −∞ in the CPU reference, so their tokens take no weight. The
+// tensor-core kernel keeps its logits scaled by 2^-24 (the codes are subnormals), so such a
+// logit is finite there until the softmax scales it back: a row whose first tile has only
+// such logits and whose later tiles are finite must still match the reference (warp 0
+// streams tokens 0–31 first; q = 1e36 on fp32 keys of −50 gives ≈ −5.8e38).
+TEST(CudaEmulated, LogitsBelowFloatRangeTakeNoWeight) {
+  constexpr Policy P = presets::K2V2_R.with_head_dim(64).with_meta(MetaType::fp32);
+  constexpr int D = P.head_dim;
+  using enum cuda::DecodeKernel;
+  using enum cuda::DecodePrecision;
+  const Case c{1, 1, 32, {200}, {1}, 1, false, false};
+  const RaggedTable tab = make_table(c.lens, c.page_size, 1);
+  const PageLayout<P> layout{c.page_size, c.hkv};
+  std::vector<std::byte> pool(layout.page_bytes() * tab.num_pages, std::byte{0});
+  const TokenList tok = all_tokens(tab, 2);
+  auto kf = random_normal(std::size_t(tok.size()) * D, 3, 1.f);
+  for (int i = 0; i < tok.size(); ++i)
+    if (tok.pos[i] < 32) std::fill_n(kf.begin() + std::size_t(i) * D, D, -50.f);
+  const auto values = random_normal(std::size_t(tok.size()) * D, 4, 1.5f);
+  Rotations rot;
+  make_rotations_host<P>(rot, c.hkv, 5);
+  ASSERT_TRUE((append_kv<P, float>(PagedCacheView<P>{pool.data(), tab.num_pages, layout}, tab.host(), kf.data(),
+                                   values.data(), tok.size(), tok.batch.data(), tok.pos.data(), rot.host()))
+                  .ok());
+  const QueryRun qs = queries(c);
+  const std::vector<float> q(D, 1e36f);
+  std::vector<float> ref(D), lse_ref(1);
+  const DecodeParams<float, float> hp{q.data(), qs.indptr.data(), 1, nullptr, 0.f, false, ref.data(), lse_ref.data()};
+  ASSERT_TRUE(decode_attention<P>(ConstPagedCacheView<P>{pool.data(), tab.num_pages, layout}, tab.host(), hp, rot.host()).ok());
+  ASSERT_TRUE(std::isfinite(lse_ref[0]));
+  for (const auto& [kernel, precision] : {std::pair{simt, exact}, {tensor_core, exact}, {tensor_core, fast}}) {
+    std::vector<float> out(D, std::nanf("")), lse(1, std::nanf(""));
+    cuda::DecodeArgs<P, float, float> a;
+    a.cache = {pool.data(), tab.num_pages, layout};
+    a.table = tab.host();
+    a.params = {q.data(), qs.indptr.data(), 1, nullptr, 0.f, false, out.data(), lse.data()};
+    a.rotation = rot.host();
+    a.total_q = qs.total;
+    a.max_q_per_seq = qs.max_q;
+    a.num_splits = 1;
+    a.kernel = kernel;
+    a.precision = precision;
+    std::vector<uint4> ws(cuda::decode_workspace_bytes(a) / 16 + 17);
+    a.workspace = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 255) & ~std::uintptr_t{255});
+    a.workspace_bytes = cuda::decode_workspace_bytes(a);
+    cuda::DecodePlan plan;
+    ASSERT_TRUE(cuda::validate(a, plan).ok());
+    const kern::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
+    unsigned flags = 0;
+    emu_decode(kern::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles, a.total_q,
+                                        a.workspace, &flags, plan.merge_grid.x == 0),
+               plan, precision);
+    const std::string what = std::string(kernel == simt ? "CUDA-core" : "tensor-core") + (precision == fast ? " fast" : "");
+    EXPECT_LE(row_error(out.data(), ref.data(), D), 1e-3) << what;
+    EXPECT_NEAR(lse[0], lse_ref[0], 1e-3 * std::abs(lse_ref[0])) << what;
+  }
+}
 // A page index outside the pool (sequence 0's first page) is skipped and flagged, by both
 // kernels and both staging paths (pages of 64: one page per warp tile; 16: per token).
 TEST(CudaEmulated, BadPageIndexIsSkippedAndFlagged) {

@@ -28,7 +28,7 @@
 // dims likewise and un-permutes them when the warps merge. Masking in place leaves code
 // j of a 32-bit word scaled by an exact power of two 2^(e−24) (e: its bit offset, or
 // offset − 6 after one shift); Q' absorbs 2^−e for keys, the output for values, and the
-// common 2^−24 (kCodeExp) comes back through the softmax (logits in units of 2^−24)
+// common 2^−24 (kCodeExp) comes back through the softmax (logits held scaled by 2^−24)
 // and the output. (Until 2026-12-06 the codes were 1024 + c·2^e by the 0x6400 trick,
 // which cost an HSUB2 per code pair, or, for `fast` keys, a −1024·Σb accumulator start
 // and a cancellation term in the bound below.)
@@ -38,7 +38,7 @@
 // of the CPU reference. `fast`: one rounding to the operand type (unit roundoff u = 2⁻¹¹
 // for fp16, 2⁻⁸ for bf16 pages). Both fp16 operands are scaled by powers of two (Q' per
 // CTA, p·s_v per tile) so that they neither overflow nor lose bits to fp16 subnormals;
-// codes and metadata enter exactly in both modes.
+// codes (subnormal by design, and exact) and metadata enter exactly in both modes.
 //
 // Error of `fast` against exact attention over K̂, V̂, per output element d of a row, to
 // first order in u (the test adds the factor 2^{2u·max a} for the rest, and fp32 rounding):
@@ -200,7 +200,7 @@ struct MmaOps<QuantSource<P>> {
   using VR = ValueRun<P.value.bits, kValueRunBytes * 8>;
   static constexpr StageLayout kKeyLayout = StageLayout::linear, kValueLayout = StageLayout::linear;
   static constexpr bool kZeroMissingValues = false;  // codes are finite; zero weights are skipped
-  static constexpr int kUnitExp = kCodeExp;  // logits and Oᵀ come out in units of 2^kUnitExp
+  static constexpr int kUnitExp = kCodeExp;  // logits and Oᵀ come out scaled by 2^kUnitExp
 
   // Head dim and power-of-two exponent of element i (0: b[0] low, 1: b[0] high, 2: b[1]
   // low, 3: b[1] high) of the Q' fragment of k-step ks for lane quarter t.
@@ -226,7 +226,7 @@ struct MmaOps<QuantSource<P>> {
     return m;
   }
 
-  // s += (Σ_groups s_g·(C_g·Q'_gᵀ) + lo_g·Σq'_g)·qup for m-tile `mt`, in units of
+  // s += (Σ_groups s_g·(C_g·Q'_gᵀ) + lo_g·Σq'_g)·qup for m-tile `mt`, scaled by
   // 2^kUnitExp (C_g: the codes as subnormals); qf_s: Q' fragments [KS][Splits][32] uint2;
   // qsum: Σq'_g·2^kUnitExp/qup of rows 2t, 2t+1.
   template <int Splits>
@@ -509,7 +509,7 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type, Pipe
   int lim_real = te;
 #pragma unroll
   for (int r = 0; r < R; ++r) lim_real = r < tile.rows && limit_s[r] < lim_real ? limit_s[r] : lim_real;
-  // The logits come out in units of 2^kUnitExp (the codes' subnormal scale), so the
+  // The logits come out scaled by 2^kUnitExp (the codes' subnormal scale), so the
   // lo terms' Σq' take that scale too (exactly, unless a group's Σq' is below 2^-115 of
   // max |q'|), and the softmax multiplies differences by kUnit (an FFMA in place of the
   // FADD: the same single rounding of s − m).
@@ -520,7 +520,7 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type, Pipe
     qsum[0][k] = ldexpf(qsum_s[(2 * t) * NK + k], Ops::kUnitExp - qexp),
     qsum[1][k] = ldexpf(qsum_s[(2 * t + 1) * NK + k], Ops::kUnitExp - qexp);
 
-  float o[D / 16][4];  // Oᵀ fragments, units of 2^-pexp
+  float o[D / 16][4];  // Oᵀ fragments, units of 2^-pexp times the slot's 2^(−e − kUnitExp)
   float olo[2][NV];
   float m[2] = {neg_inf_f(), neg_inf_f()}, l[2] = {0.f, 0.f};
   // p·v operand p·s_v·2^pexp: quantized pages choose pexp per tile (below); fp16 pages
@@ -587,7 +587,8 @@ __global__ void __launch_bounds__(MmaDecodeConfig<typename KP::source_type, Pipe
       mx = max_over_tokens(mx);
       const float m_new = warp::fmax_nan(m[j], mx), m_new_units = m_new * kUnit;
       float sum = 0.f;
-      if (m_new != neg_inf_f()) {
+      // In true units: a maximum below −FLT_MAX is −∞ there, as on the CPU (no weight).
+      if (m_new_units != neg_inf_f()) {
         corr[j] = warp::exp2_weight(fmaf(m[j], kUnit, -m_new_units));
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
