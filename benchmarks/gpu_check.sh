@@ -8,9 +8,10 @@
 #   benchmarks/gpu_check.sh --prepare [DIR]   on a build machine (nvcc, GoogleTest,
 #       Google Benchmark; no GPU needed): builds the sm_90 binaries with static cudart and
 #       static libstdc++, writes the ptxas table of every kernel they instantiate
-#       (registers, spills, shared memory) to DIR/ptxas.txt, and stages the binaries,
+#       (registers, spills, shared memory; with `cuobjdump`, the static SASS size of each
+#       tensor-core decode kernel's token loop) to DIR/ptxas.txt, and stages the binaries,
 #       libbenchmark and ../shared/bench/torch_sdpa_peer.py into DIR (default
-#       build-gpu/stage, a few MiB).
+#       build-gpu/stage, ~40 MiB).
 #   benchmarks/gpu_check.sh [DIR]             on the GPU machine: host and device tests, the
 #       engine example (examples/cuda, which checks itself against the CPU),
 #       bench_cuda_decode, the torch peer, three Nsight Compute profiles (sections and stall
@@ -61,9 +62,22 @@ if [ "${1:-}" = "--prepare" ]; then
   for lib in $(ldd "$stage/bench_cuda_decode" | awk '/libbenchmark|libstdc\+\+|libgcc_s/ {print $3}'); do
     cp -L "$lib" "$stage/lib/"
   done
-  # ptxas table: one line per sm_90 kernel (demangled), deduplicated over translation units.
-  python3 - "$build/build.log" > "$stage/ptxas.txt" << 'PY'
-import re, subprocess, sys
+  # ptxas table: one line per sm_90 kernel (demangled), deduplicated over translation units;
+  # with `cuobjdump` and `nvdisasm` ($CUDA_BIN or PATH; the PyPI wheels nvidia-cuda-cuobjdump
+  # and nvidia-cuda-nvdisasm have them) also the static SASS of each tensor-core decode
+  # kernel's token loop in bench_cuda_decode: the smallest backward branch around all its
+  # MMAs, one iteration per warp 32-token tile; its size, per token (÷ 32), its spill
+  # instructions, and its instruction mix below the table. A static count includes paths
+  # most tiles skip (partial tiles, rescales, masks): a proxy for the executed count.
+  export PATH="${CUDA_BIN:+$CUDA_BIN:}$PATH"
+  sass=""
+  if command -v cuobjdump > /dev/null && command -v nvdisasm > /dev/null; then
+    cuobjdump -sass "$stage/bench_cuda_decode" > "$build/sass.raw" && sass="$build/sass.raw"
+  else
+    echo "!! cuobjdump/nvdisasm not found: the ptxas table has no token-loop SASS"
+  fi
+  python3 - "$build/build.log" "$sass" > "$stage/ptxas.txt" << 'PY'
+import collections, re, subprocess, sys
 rows, name = {}, None
 for line in open(sys.argv[1], errors="replace"):
     m = re.search(r"Compiling entry function '(\S+)' for 'sm_90'", line)
@@ -77,6 +91,25 @@ for line in open(sys.argv[1], errors="replace"):
     if m and name:
         rows.setdefault(name, {}).update(regs=int(m.group(1)), smem=int(m.group(2) or 0))
         name = None
+# Token loops of the tensor-core decode kernels, by mangled name.
+loops, code, name = {}, {}, None
+for line in open(sys.argv[2], errors="replace") if sys.argv[2] else []:
+    m = re.search(r"Function : (\S+)", line)
+    if m:
+        name = m.group(1) if "decode_mma_kernel" in m.group(1) else None
+        code[name] = []
+        continue
+    m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;", line)
+    if m and name: code[name].append((int(m.group(1), 16), m.group(2)))
+def opcode(text): return re.sub(r"^@!?U?P\w+ ", "", text).split()[0].split(".")[0]
+for n, ins in code.items():
+    mma = [a for a, t in ins if "HMMA" in t]
+    edges = [(a, int(b.group(1), 16)) for a, t in ins if "DIV" not in t
+             for b in [re.search(r"BRA (?:U?!?P\d, )?0x([0-9a-f]+)", t)] if b]
+    edges = [(a, b) for a, b in edges if mma and b <= min(mma) and a >= max(mma)]
+    if n and edges:
+        end, begin = min(edges, key=lambda x: x[0] - x[1])
+        loops[n] = collections.Counter(opcode(t) for a, t in ins if begin <= a <= end)
 names = list(rows)
 pretty = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout.split("\n")
 ROT, META = {"0": "", "1": "H", "2": "R"}, {"0": "fp16", "1": "bf16", "2": "fp32"}
@@ -95,11 +128,17 @@ def short(s):  # the kernel and its template arguments, compact
     s = re.sub(r", MmaPipeline<(\d), (\d)>", lambda m: "" if m.group(1) == "0" else f", w{m.group(1)}s{m.group(2)}", s)
     s = re.sub(r"DecodeKernelParams<(QuantSource|DenseSource)<([^>]*)>, (\w+), (\w+)>", r"\2, q/o \3", s)
     return re.sub(r">\(.*\)$", ">", s)[:140]
-print(f"{'regs':>4} {'spill st/ld':>11} {'stack':>5} {'smem':>6}  kernel (sm_90)")
+print(f"{'regs':>4} {'spill st/ld':>11} {'stack':>5} {'smem':>6} {'loop':>5} {'/tok':>5} {'lspill':>6}  kernel (sm_90)")
 for n, p in sorted(zip(names, pretty), key=lambda x: short(x[1])):
-    r = rows[n]
+    r, c = rows[n], loops.get(n)
+    sass = f"{sum(c.values()):5d} {sum(c.values()) / 32:5.1f} {c['STL'] + c['LDL']:6d}" if c else f"{'':5} {'':5} {'':6}"
     print(f"{r.get('regs', -1):4d} {r.get('spill_st', 0):5d}/{r.get('spill_ld', 0):<5d} {r.get('stack', 0):5d} "
-          f"{r.get('smem', 0):6d}  {short(p)}")
+          f"{r.get('smem', 0):6d} {sass}  {short(p)}")
+if loops:
+    print("\ntoken-loop instruction mix (static SASS, top 10):")
+    for n, p in sorted(zip(names, pretty), key=lambda x: short(x[1])):
+        if n in loops:
+            print(f"  {short(p)}\n    " + " ".join(f"{k}:{v}" for k, v in loops[n].most_common(10)))
 PY
   echo "staged in $stage:"; ls -la "$stage" "$stage/lib"
   echo "ptxas table ($stage/ptxas.txt):"; cat "$stage/ptxas.txt"
