@@ -329,6 +329,13 @@ PY
 else
   echo "(python3 missing or no benchmark JSON; raw output in $out/bench.txt)"
 fi
+# Beside the measured times, the static size of each benched tensor-core kernel's token
+# loop (from --prepare's ptxas.txt; a warp's 32-token tile, rarely taken paths included).
+if [ -f "$stage/ptxas.txt" ] && awk 'NR > 1 && $5 ~ /^[0-9]+$/ && $6 ~ /^[0-9.]+$/' "$stage/ptxas.txt" | grep -q .; then
+  echo; echo "token-loop static SASS (loop, per token, spill instructions; ptxas.txt):"
+  awk 'NR > 1 && $5 ~ /^[0-9]+$/ && $6 ~ /^[0-9.]+$/ {k = $8; for (i = 9; i <= NF; ++i) k = k " " $i; printf "  %5d %5.1f %3d  %s\n", $5, $6, $7, k}' \
+    "$stage/ptxas.txt"
+fi
 }
 summary | tee "$out/summary.txt"
 
