@@ -18,7 +18,8 @@
 #       reasons; K4V2 and fp16 pages at 16 x 32K, K4V2 at 1 x 32K), one table per shape (µs,
 #       GB/s on packed bytes, % of the device copy, × over torch's BF16 SDPA, all from this
 #       run; appends as % of a decode step, append + decode steps with and without
-#       programmatic dependent launch and slot_mapping, the pipeline and split sweeps), then
+#       programmatic dependent launch and slot_mapping, the pipeline and split sweeps; the
+#       token loops' static SASS size from ptxas.txt beside them), then
 #       compute-sanitizer memcheck and racecheck on a subset, and the table again. Logs, JSON
 #       and the profiles go to $KVQ_GPU_CHECK_OUT (default $OUT, else /tmp)/kvq_gpu_check:
 #       summary.txt, bench.json, peer.json, ptxas.txt and tests.log as files, everything else
