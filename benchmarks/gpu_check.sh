@@ -67,13 +67,17 @@ if [ "${1:-}" = "--prepare" ]; then
   # with `cuobjdump` and `nvdisasm` ($CUDA_BIN or PATH; the PyPI wheels nvidia-cuda-cuobjdump
   # and nvidia-cuda-nvdisasm have them) also the static SASS of each tensor-core decode
   # kernel's token loop in bench_cuda_decode: the smallest backward branch around all its
-  # MMAs, one iteration per warp 32-token tile; its size, per token (÷ 32), its spill
-  # instructions, and its instruction mix below the table. A static count includes paths
-  # most tiles skip (partial tiles, rescales, masks): a proxy for the executed count.
+  # MMAs, one iteration per warp 32-token tile; its size, per token (÷ 32), its compute
+  # part (what follows the next tile's issue: the target of the loop's first forward branch
+  # that skips a third of it), its spill instructions, and its instruction mix below the
+  # table. A static count includes the in-line paths most tiles skip (partial tiles,
+  # rescales, masks; blocks placed after the loop are not counted): a proxy for the
+  # executed count.
   export PATH="${CUDA_BIN:+$CUDA_BIN:}$PATH"
   sass=""
   if command -v cuobjdump > /dev/null && command -v nvdisasm > /dev/null; then
-    cuobjdump -sass "$stage/bench_cuda_decode" > "$build/sass.raw" && sass="$build/sass.raw"
+    if cuobjdump -sass "$stage/bench_cuda_decode" > "$build/sass.raw"; then sass="$build/sass.raw"
+    else echo "!! cuobjdump -sass failed: the ptxas table has no token-loop SASS"; fi
   else
     echo "!! cuobjdump/nvdisasm not found: the ptxas table has no token-loop SASS"
   fi
@@ -93,24 +97,33 @@ for line in open(sys.argv[1], errors="replace"):
         rows.setdefault(name, {}).update(regs=int(m.group(1)), smem=int(m.group(2) or 0))
         name = None
 # Token loops of the tensor-core decode kernels, by mangled name.
-loops, code, name = {}, {}, None
-for line in open(sys.argv[2], errors="replace") if sys.argv[2] else []:
-    m = re.search(r"Function : (\S+)", line)
-    if m:
-        name = m.group(1) if "decode_mma_kernel" in m.group(1) else None
-        code[name] = []
-        continue
-    m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;", line)
-    if m and name: code[name].append((int(m.group(1), 16), m.group(2)))
-def opcode(text): return re.sub(r"^@!?U?P\w+ ", "", text).split()[0].split(".")[0]
-for n, ins in code.items():
-    mma = [a for a, t in ins if "HMMA" in t]
-    edges = [(a, int(b.group(1), 16)) for a, t in ins if "DIV" not in t
-             for b in [re.search(r"BRA (?:U?!?P\d, )?0x([0-9a-f]+)", t)] if b]
-    edges = [(a, b) for a, b in edges if mma and b <= min(mma) and a >= max(mma)]
-    if n and edges:
+loops, compute, code, name = {}, {}, {}, None
+def opcode(text): return re.sub(r"^@!?U?!?U?P\w+ ", "", text).split()[0].split(".")[0]
+def target(text):  # a branch's target address, or None
+    m = re.search(r"\bBRA(?:\.U)? (?:!?U?P\w+, )?0x([0-9a-f]+)", text)
+    return int(m.group(1), 16) if m else None
+try:  # the table below stands without these columns
+    for line in open(sys.argv[2], errors="replace") if sys.argv[2] else []:
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            name = m.group(1) if "decode_mma_kernel" in m.group(1) else None
+            if name: code[name] = []
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;", line)
+        if m and name: code[name].append((int(m.group(1), 16), m.group(2)))
+    for n, ins in code.items():
+        mma = [a for a, t in ins if "HMMA" in t]
+        edges = [(a, b) for a, t in ins for b in [target(t)] if b is not None and mma and b <= min(mma) and a >= max(mma)]
+        if not edges: continue
         end, begin = min(edges, key=lambda x: x[0] - x[1])
-        loops[n] = collections.Counter(opcode(t) for a, t in ins if begin <= a <= end)
+        body = [(a, t) for a, t in ins if begin <= a <= end]
+        loops[n] = collections.Counter(opcode(t) for a, t in body)
+        skips = [b for a, t in body for b in [target(t)] if b is not None and a < b <= end
+                 and sum(a < x < b for x, _ in body) * 3 >= len(body)]
+        compute[n] = sum(x >= skips[0] for x, _ in body) if skips else 0
+except Exception as e:
+    print(f"(token-loop SASS left out: {e!r})", file=sys.stderr)
+    loops, compute = {}, {}
 names = list(rows)
 pretty = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout.split("\n")
 ROT, META = {"0": "", "1": "H", "2": "R"}, {"0": "fp16", "1": "bf16", "2": "fp32"}
@@ -129,10 +142,12 @@ def short(s):  # the kernel and its template arguments, compact
     s = re.sub(r", MmaPipeline<(\d), (\d)>", lambda m: "" if m.group(1) == "0" else f", w{m.group(1)}s{m.group(2)}", s)
     s = re.sub(r"DecodeKernelParams<(QuantSource|DenseSource)<([^>]*)>, (\w+), (\w+)>", r"\2, q/o \3", s)
     return re.sub(r">\(.*\)$", ">", s)[:140]
-print(f"{'regs':>4} {'spill st/ld':>11} {'stack':>5} {'smem':>6} {'loop':>5} {'/tok':>5} {'lspill':>6}  kernel (sm_90)")
+print(f"{'regs':>4} {'spill st/ld':>11} {'stack':>5} {'smem':>6} {'loop':>5} {'/tok':>5} {'comp':>5} {'lspill':>6}"
+      "  kernel (sm_90)")
 for n, p in sorted(zip(names, pretty), key=lambda x: short(x[1])):
     r, c = rows[n], loops.get(n)
-    sass = f"{sum(c.values()):5d} {sum(c.values()) / 32:5.1f} {c['STL'] + c['LDL']:6d}" if c else f"{'':5} {'':5} {'':6}"
+    sass = (f"{sum(c.values()):5d} {sum(c.values()) / 32:5.1f} {compute[n]:5d} {c['STL'] + c['LDL']:6d}" if c
+            else f"{'':5} {'':5} {'':5} {'':6}")
     print(f"{r.get('regs', -1):4d} {r.get('spill_st', 0):5d}/{r.get('spill_ld', 0):<5d} {r.get('stack', 0):5d} "
           f"{r.get('smem', 0):6d} {sass}  {short(p)}")
 if loops:
@@ -332,9 +347,10 @@ else
 fi
 # Beside the measured times, the static size of each benched tensor-core kernel's token
 # loop (from --prepare's ptxas.txt; a warp's 32-token tile, rarely taken paths included).
-if [ -f "$stage/ptxas.txt" ] && awk 'NR > 1 && $5 ~ /^[0-9]+$/ && $6 ~ /^[0-9.]+$/' "$stage/ptxas.txt" | grep -q .; then
-  echo; echo "token-loop static SASS (loop, per token, spill instructions; ptxas.txt):"
-  awk 'NR > 1 && $5 ~ /^[0-9]+$/ && $6 ~ /^[0-9.]+$/ {k = $8; for (i = 9; i <= NF; ++i) k = k " " $i; printf "  %5d %5.1f %3d  %s\n", $5, $6, $7, k}' \
+sass_rows='NR > 1 && $5 ~ /^[0-9]+$/ && $6 ~ /^[0-9.]+$/ && $7 ~ /^[0-9]+$/ && $8 ~ /^[0-9]+$/'
+if [ -f "$stage/ptxas.txt" ] && awk "$sass_rows" "$stage/ptxas.txt" | grep -q .; then
+  echo; echo "token-loop static SASS (loop, per token, compute part, spill instructions; ptxas.txt):"
+  awk "$sass_rows"' {k = $9; for (i = 10; i <= NF; ++i) k = k " " $i; printf "  %5d %5.1f %5d %3d  %s\n", $5, $6, $7, $8, k}' \
     "$stage/ptxas.txt"
 fi
 }
