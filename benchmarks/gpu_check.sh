@@ -98,7 +98,7 @@ for line in open(sys.argv[1], errors="replace"):
         name = None
 # Token loops of the tensor-core decode kernels, by mangled name.
 loops, compute, code, name = {}, {}, {}, None
-def opcode(text): return re.sub(r"^@!?U?!?U?P\w+ ", "", text).split()[0].split(".")[0]
+def opcode(text): return re.sub(r"^@!?U?P\w+ ", "", text).split()[0].split(".")[0]
 def target(text):  # a branch's target address, or None
     m = re.search(r"\bBRA(?:\.U)? (?:!?U?P\w+, )?0x([0-9a-f]+)", text)
     return int(m.group(1), 16) if m else None

@@ -192,6 +192,23 @@ struct Run {
   bool bad_page = false;          // sequence 0's first page points outside the pool
 };
 
+// Quantized decode `a` on the emulator: its workspace zeroed and 256-byte aligned in ws
+// (the caller keeps it, to read the merge counters), the plan from validate, and the
+// kernel's error flags.
+template <class Pipeline = kern::MmaPipeline<>, Policy P, ActivationType T>
+void emulate_decode(cuda::DecodeArgs<P, T, T>& a, std::vector<uint4>& ws, cuda::DecodePlan& plan, unsigned& flags) {
+  ws.assign((cuda::decode_workspace_bytes(a) + 15) / 16 + 16, uint4{0u, 0u, 0u, 0u});
+  a.workspace = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 255) & ~std::uintptr_t{255});
+  a.workspace_bytes = cuda::decode_workspace_bytes(a);
+  const Status st = cuda::validate(a, plan);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  const kern::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
+  flags = 0;
+  emu_decode<Pipeline>(kern::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles,
+                                                a.total_q, a.workspace, &flags, plan.merge_grid.x == 0),
+                       plan, a.precision);
+}
+
 template <Policy P, ActivationType T, class Pipeline = kern::MmaPipeline<>>
 void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
   constexpr int D = P.head_dim;
@@ -234,17 +251,11 @@ void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
   a.num_splits = c.splits;
   a.kernel = run.kernel;
   a.precision = run.precision;
-  std::vector<uint4> ws((cuda::decode_workspace_bytes(a) + 15) / 16 + 16);
-  a.workspace = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 255) & ~std::uintptr_t{255});
-  a.workspace_bytes = cuda::decode_workspace_bytes(a);
+  std::vector<uint4> ws;
   cuda::DecodePlan plan;
-  ASSERT_TRUE(cuda::validate(a, plan).ok()) << cuda::validate(a, plan).to_string();
-  ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, run.kernel == cuda::DecodeKernel::tensor_core);
-  const kern::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
   unsigned flags = 0;
-  emu_decode<Pipeline>(kern::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles,
-                                                a.total_q, a.workspace, &flags, plan.merge_grid.x == 0),
-                       plan, run.precision);
+  ASSERT_NO_FATAL_FAILURE(emulate_decode<Pipeline>(a, ws, plan, flags));
+  ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, run.kernel == cuda::DecodeKernel::tensor_core);
   expect_counters_reset(a.workspace, plan);
   EXPECT_EQ(flags, run.bad_page ? unsigned(cuda::kBadPage) : 0u);
   if (run.bad_page) {
@@ -692,16 +703,11 @@ TEST(CudaEmulated, LogitsBelowFloatRangeTakeNoWeight) {
     a.num_splits = 1;
     a.kernel = kernel;
     a.precision = precision;
-    std::vector<uint4> ws(cuda::decode_workspace_bytes(a) / 16 + 17);
-    a.workspace = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 255) & ~std::uintptr_t{255});
-    a.workspace_bytes = cuda::decode_workspace_bytes(a);
+    std::vector<uint4> ws;
     cuda::DecodePlan plan;
-    ASSERT_TRUE(cuda::validate(a, plan).ok());
-    const kern::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
     unsigned flags = 0;
-    emu_decode(kern::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles, a.total_q,
-                                        a.workspace, &flags, plan.merge_grid.x == 0),
-               plan, precision);
+    ASSERT_NO_FATAL_FAILURE(emulate_decode(a, ws, plan, flags));
+    EXPECT_EQ(flags, 0u);
     const std::string what = std::string(kernel == simt ? "CUDA-core" : "tensor-core") + (precision == fast ? " fast" : "");
     EXPECT_LE(row_error(out.data(), ref.data(), D), 1e-3) << what;
     EXPECT_NEAR(lse[0], lse_ref[0], 1e-3 * std::abs(lse_ref[0])) << what;

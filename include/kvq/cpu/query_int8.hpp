@@ -935,9 +935,10 @@ struct Int8Query {
     // spilled (K4V2 / K2V2 fastest, d 128, GQA 4, 4K warm, Zen 4: −0.5% / −1.8%); at two
     // rows one chain each lost 13% (K2V2, d 64). The integer sums are the same.
     constexpr int kChains = RB >= 4 ? 1 : 2;
-    __m512i acc[RB][kAccClasses][2];
+    __m512i acc[RB][kAccClasses][kChains];
     KVQ_UNROLL for (int i = 0; i < RB; ++i)
-      KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A) acc[i][A][0] = acc[i][A][1] = _mm512_setzero_si512();
+      KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A)
+        KVQ_UNROLL for (int c = 0; c < kChains; ++c) acc[i][A][c] = _mm512_setzero_si512();
     KVQ_UNROLL for (int p = 0; p < kParts; ++p)
       KVQ_UNROLL for (int m = 0; m < 4; ++m)
         KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
@@ -954,7 +955,8 @@ struct Int8Query {
       __m512 f[kAccClasses];
       KVQ_UNROLL for (int A = 0; A < kAccClasses; ++A) {
         const __m512 lo_term = _mm512_mul_ps(lo_vec[A], _mm512_load_ps(sum_lanes_t[r][A]));
-        const __m512i sum = kChains == 1 ? acc[i][A][0] : _mm512_add_epi32(acc[i][A][0], acc[i][A][1]);
+        __m512i sum = acc[i][A][0];
+        KVQ_UNROLL for (int c = 1; c < kChains; ++c) sum = _mm512_add_epi32(sum, acc[i][A][c]);
         const __m512 isum = _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, sum);
         const __m512 code_term = _mm512_fmadd_ps(isum, _mm512_load_ps(sigma_lanes[r][A]), _mm512_load_ps(residual_lanes[r][A]));
         f[A] = _mm512_fmadd_ps(code_term, s_vec[A], lo_term);
