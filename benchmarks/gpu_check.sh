@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh — the one device check of kvq's CUDA side: tests, sanitizers, benchmarks and
 # the PyTorch peer in one run (90–110 s of command on an H200 on 2026-12-04; BM_Step, the
-# pipeline and split sweeps, the engine example and a third profile were added since,
-# unmeasured: allow ~5 minutes; give the device command its 600 s, the script keeps to
+# pipeline and split sweeps, the page-16 runs, the engine example and a third profile were
+# added since, unmeasured: allow ~5 minutes; give the device command its 600 s, the script keeps to
 # KVQ_GPU_CHECK_BUDGET below).
 #
 #   benchmarks/gpu_check.sh --prepare [DIR]   on a build machine (nvcc, GoogleTest,
@@ -284,26 +284,31 @@ else:
     print("(no peer.json: the x-torch column is empty)")
 shapes = collections.OrderedDict()
 for b in runs:
-    m = re.match(r"BM_(Decode\w*)(?:/([^/]+))?/batch:(\d+)/ctx:(\d+)", b["name"])
+    m = re.match(r"BM_(Decode\w*)(?:/([^/]+))?/batch:(\d+)/ctx:(\d+)(?:/page:(\d+))?", b["name"])
     if not m:
         continue
     head, policy, batch, ctx = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
     kind = {"DecodeFP16": "fp16 pages", "DecodeFP16TC": "fp16 pages TC", "DecodeBF16": "bf16 pages",
-            "DecodeBF16TC": "bf16 pages TC",
+            "DecodeBF16TC": "bf16 pages TC", "DecodeFP16TCPage": f"fp16 pages TC p{m.group(5)}",
             "DecodePipeFP16TC": f"fp16 TC {policy}", "DecodeTCSplits": f"{policy} TC split",
-            "Decode": f"{policy}", "DecodeTC": f"{policy} TC", "DecodeTCExact": f"{policy} TC exact"}[head]
+            "DecodeTCPage": f"{policy} TC p{m.group(5)}",
+            "Decode": f"{policy}", "DecodeTC": f"{policy} TC", "DecodeTCExact": f"{policy} TC exact"}.get(head)
+    if kind is None:
+        print(f"(summary: no table row for {b['name']})")
+        continue
     kind = kind.replace("_d128_half", "")
     shapes.setdefault((batch, ctx), []).append((kind, b))
 for (batch, ctx), rows in shapes.items():
     t = torch.get((batch, ctx))
-    print(f"\n{batch} x {ctx}  (Hkv 8, Hq 32, d 128, page 64)   torch BF16 SDPA: " + (f"{t:.1f} us" if t else "-"))
+    print(f"\n{batch} x {ctx}  (Hkv 8, Hq 32, d 128, page 64; p16: page 16)   torch BF16 SDPA: "
+          + (f"{t:.1f} us" if t else "-"))
     # us: host-launched back to back, as the peer is timed (the ratios use it); graph us:
     # the same call replayed from a CUDA graph, the device time without the launch cost.
-    print(f"  {'kernel':<16}{'us':>10}{'graph us':>10}{'GB/s':>9}{'%copy':>7}{'x torch':>9}{'splits':>7}")
+    print(f"  {'kernel':<18}{'us':>10}{'graph us':>10}{'GB/s':>9}{'%copy':>7}{'x torch':>9}{'splits':>7}")
     for kind, b in rows:
         us = b["real_time"]
         ratio = f"{t / us:9.2f}" if t else f"{'-':>9}"
-        print(f"  {kind:<16}{us:10.1f}{b.get('graph_us', float('nan')):10.1f}{b['GB/s']:9.0f}"
+        print(f"  {kind:<18}{us:10.1f}{b.get('graph_us', float('nan')):10.1f}{b['GB/s']:9.0f}"
               f"{100 * b['GB/s'] / copy:6.0f}%{ratio}{int(b.get('splits', 0)):7d}")
 print()
 # The sweeps, per shape: the fastest fp16 pipeline and split count against the defaults.

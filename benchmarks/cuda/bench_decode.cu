@@ -5,10 +5,13 @@
 //                     read, FMA/s
 //   BM_DecodeTC<P>    the same through the tensor-core kernel (kernel/decode_mma.cuh),
 //                     DecodePrecision::fast; BM_DecodeTCExact: DecodePrecision::exact;
-//                     BM_DecodeTCSplits: 1 × 32K and 8 × 8K at other split counts
+//                     BM_DecodeTCSplits: 1 × 32K and 8 × 8K at other split counts;
+//                     BM_DecodeTCPage: pages of 16 (vLLM's default: two page runs per
+//                     warp tile) at the target shapes
 //   BM_DecodeFP16<K>  the full-precision baseline of the same design on an fp16 cache
 //                     (16-bit pages: the bytes of a BF16 cache), both kernels
 //   BM_DecodeBF16<K>  the same on a bf16 cache with bf16 queries and outputs, both kernels
+//   BM_DecodeFP16TCPage  fp16 pages of 16 through the tensor-core kernel
 //   BM_DecodePipeFP16TC/wWsS  fp16 pages through the tensor-core kernel with W warps per
 //                     CTA and S pipeline stages (cuda::tuning): the pipeline sweep
 //   BM_Append<P>      fused quantize-append of one decode step (batch tokens) and of a
@@ -19,7 +22,8 @@
 //                     and without programmatic dependent launch (pdl:1), the append by
 //                     position or by slot_mapping (slots:1); append_% is
 //                     step_us over decode_us, minus one, both timed alike in the same run
-// Shapes: Llama-3-8B-like layer, Hkv = 8, Hq = 32 (GQA 4), head_dim 128, page 64;
+// Shapes: Llama-3-8B-like layer, Hkv = 8, Hq = 32 (GQA 4), head_dim 128, page 64 (the
+// *Page runs: 16);
 // batch × context from 1×4K to 64×32K. Caches hold random codes and metadata (or random
 // fp16/bf16 rows), one random page repeated over the pool; queries are random.
 #include <benchmark/benchmark.h>
@@ -81,14 +85,14 @@ struct Dev {
   }
 };
 
-// A batch of equal-length sequences with contiguous pages (device arrays).
+// A batch of equal-length sequences with contiguous pages of `page` tokens (device arrays).
 struct Table {
   PageTableView view{};
   int num_pages = 0;
-  bool init(Dev& dev, int batch, int ctx) {
-    const int pages = (ctx + kPage - 1) / kPage;
+  bool init(Dev& dev, int batch, int ctx, int page) {
+    const int pages = (ctx + page - 1) / page;
     num_pages = batch * pages;
-    std::vector<std::int32_t> indptr(batch + 1), indices(num_pages), last(batch, ctx - (pages - 1) * kPage);
+    std::vector<std::int32_t> indptr(batch + 1), indices(num_pages), last(batch, ctx - (pages - 1) * page);
     for (int b = 0; b <= batch; ++b) indptr[b] = b * pages;
     std::iota(indices.begin(), indices.end(), 0);
     auto* d_indptr = dev.alloc<std::int32_t>(indptr.size());
@@ -98,7 +102,7 @@ struct Table {
     cudaMemcpy(d_indptr, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(d_indices, indices.data(), indices.size() * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(d_last, last.data(), last.size() * 4, cudaMemcpyHostToDevice);
-    view = {d_indptr, d_indices, d_last, batch, kPage};
+    view = {d_indptr, d_indices, d_last, batch, page};
     return true;
   }
 };
@@ -264,7 +268,7 @@ std::vector<std::byte> random_page(const DensePageLayout<PT, kD>& layout) {
 // `layout` (nullptr when allocation or fill fails).
 template <class Layout>
 std::byte* random_cache(Dev& dev, Table& tab, int batch, int ctx, const Layout& layout) {
-  if (!tab.init(dev, batch, ctx)) return nullptr;
+  if (!tab.init(dev, batch, ctx, layout.page_size)) return nullptr;
   auto* pool = dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages);
   return pool && fill_pool(pool, random_page(layout), tab.num_pages) ? pool : nullptr;
 }
@@ -319,10 +323,10 @@ void set_decode_counters(benchmark::State& state, int batch, int ctx, std::size_
 // Quantized decode through the CUDA-core or the tensor-core kernel (same plan otherwise),
 // the latter in either precision; splits > 0 sets the split count.
 template <Policy P, cuda::DecodeKernel K, cuda::DecodePrecision Prec>
-void run_decode(benchmark::State& state, int splits) {
+void run_decode(benchmark::State& state, int splits, int page = kPage) {
   const int batch = state.range(0), ctx = state.range(1);
   Dev dev;
-  const PageLayout<P> layout{kPage, kHkv};
+  const PageLayout<P> layout{page, kHkv};
   Table tab;
   std::byte* pool = random_cache(dev, tab, batch, ctx, layout);
   if (!pool) return state.SkipWithError("cache allocation or fill failed");
@@ -349,6 +353,12 @@ template <Policy P>
 void BM_DecodeTCSplits(benchmark::State& state) {
   run_decode<P, cuda::DecodeKernel::tensor_core, cuda::DecodePrecision::fast>(state, static_cast<int>(state.range(2)));
 }
+// The tensor-core kernel over pages of range(2) tokens: 16 (vLLM's default) stages each
+// warp tile as two page runs, where pages of 64 (BM_DecodeTC) take one.
+template <Policy P>
+void BM_DecodeTCPage(benchmark::State& state) {
+  run_decode<P, cuda::DecodeKernel::tensor_core, cuda::DecodePrecision::fast>(state, 0, static_cast<int>(state.range(2)));
+}
 
 // 16-bit pages of type PT, with PT queries and outputs. A Pipeline (kernel::MmaPipeline)
 // runs the tensor-core kernel with other warps and stages through cuda::tuning, its splits
@@ -356,11 +366,11 @@ void BM_DecodeTCSplits(benchmark::State& state) {
 // pages is chosen (today 2 warps × 2 stages: one 16 KiB tile in flight per warp, 3 CTAs per
 // SM).
 template <ActivationType PT, cuda::DecodeKernel K, class Pipeline = void>
-void BM_Decode16(benchmark::State& state) {
+void run_decode16(benchmark::State& state, int page) {
   constexpr bool kTuned = !std::is_void_v<Pipeline>;
   const int batch = state.range(0), ctx = state.range(1);
   Dev dev;
-  const DensePageLayout<PT, kD> layout{kPage, kHkv};
+  const DensePageLayout<PT, kD> layout{page, kHkv};
   Table tab;
   std::byte* pool = random_cache(dev, tab, batch, ctx, layout);
   if (!pool) return state.SkipWithError("cache allocation or fill failed");
@@ -386,6 +396,15 @@ void BM_Decode16(benchmark::State& state) {
   if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
   set_decode_counters(state, batch, ctx, 2 * kD * sizeof(PT), a.num_splits);
   state.counters["graph_us"] = graph_us([&](cudaStream_t s) { (void)decode(s); });
+}
+template <ActivationType PT, cuda::DecodeKernel K, class Pipeline = void>
+void BM_Decode16(benchmark::State& state) {
+  run_decode16<PT, K, Pipeline>(state, kPage);
+}
+// The tensor-core kernel over 16-bit pages of range(2) tokens (as BM_DecodeTCPage).
+template <ActivationType PT>
+void BM_Decode16TCPage(benchmark::State& state) {
+  run_decode16<PT, cuda::DecodeKernel::tensor_core>(state, static_cast<int>(state.range(2)));
 }
 
 // The append of one new row for each of the table's sequences, at `position`, into
@@ -432,7 +451,7 @@ void BM_Append(benchmark::State& state) {
   const int tokens = state.range(0);
   Dev dev;
   Table tab;
-  if (!tab.init(dev, tokens, 1)) return state.SkipWithError("allocation failed");
+  if (!tab.init(dev, tokens, 1, kPage)) return state.SkipWithError("allocation failed");
   const PageLayout<P> layout{kPage, kHkv};
   cuda::AppendArgs<P, T> a;
   if (!setup_append(dev, a, dev.alloc<std::byte>(layout.page_bytes() * tab.num_pages), tab, 0, state.range(1) != 0))
@@ -518,6 +537,11 @@ void split_shapes(benchmark::internal::Benchmark* b) {
   for (const int splits : {0, 4, 8, 16, 32}) b->Args({8, 8192, splits});
   b->ArgNames({"batch", "ctx", "splits"})->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
+// Pages of 16 at the shapes of issue 9's targets (pages of 64: decode_shapes).
+void page_shapes(benchmark::internal::Benchmark* b) {
+  for (auto [batch, ctx] : {std::pair{1, 32768}, {16, 32768}, {64, 4096}, {64, 32768}}) b->Args({batch, ctx, 16});
+  b->ArgNames({"batch", "ctx", "page"})->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
 // The shapes of issue 9's targets, for the pipeline sweep.
 void target_shapes(benchmark::internal::Benchmark* b) {
   for (auto [batch, ctx] : {std::pair{1, 32768}, {8, 8192}, {16, 32768}, {64, 32768}}) b->Args({batch, ctx});
@@ -530,6 +554,7 @@ void target_shapes(benchmark::internal::Benchmark* b) {
       ->Name("BM_DecodeTC/" #ID)                                                                       \
       ->Apply(decode_shapes);                                                                          \
   BENCHMARK_TEMPLATE(BM_DecodeTCSplits, POLICY)->Name("BM_DecodeTCSplits/" #ID)->Apply(split_shapes);         \
+  BENCHMARK_TEMPLATE(BM_DecodeTCPage, POLICY)->Name("BM_DecodeTCPage/" #ID)->Apply(page_shapes);               \
   BENCHMARK_TEMPLATE(BM_Decode, POLICY, cuda::DecodeKernel::tensor_core, cuda::DecodePrecision::exact) \
       ->Name("BM_DecodeTCExact/" #ID)                                                                  \
       ->Apply(decode_shapes);                                                                          \
@@ -550,6 +575,7 @@ BENCHMARK_TEMPLATE(BM_Decode16, half_t, cuda::DecodeKernel::simt)->Name("BM_Deco
 BENCHMARK_TEMPLATE(BM_Decode16, half_t, cuda::DecodeKernel::tensor_core)->Name("BM_DecodeFP16TC")->Apply(decode_shapes);
 BENCHMARK_TEMPLATE(BM_Decode16, bfloat16_t, cuda::DecodeKernel::simt)->Name("BM_DecodeBF16")->Apply(decode_shapes);
 BENCHMARK_TEMPLATE(BM_Decode16, bfloat16_t, cuda::DecodeKernel::tensor_core)->Name("BM_DecodeBF16TC")->Apply(decode_shapes);
+BENCHMARK_TEMPLATE(BM_Decode16TCPage, half_t)->Name("BM_DecodeFP16TCPage")->Apply(page_shapes);
 // The pipeline sweep for 16-bit pages (the default, w2s2, is BM_DecodeFP16TC).
 #define KVQ_BENCH_PIPE(W, S) \
   BENCHMARK_TEMPLATE(BM_Decode16, half_t, cuda::DecodeKernel::tensor_core, cuda::kernel::MmaPipeline<W, S>) \

@@ -310,7 +310,7 @@ TEST(CudaDecode, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
   using enum cuda::DecodePrecision;
   for (const int splits : {1, 2})
     for (const auto& [kernel, precision] : {std::pair{simt, exact}, {tensor_core, exact}, {tensor_core, fast}})
-      for (const int page : {16, 64}) {  // per-token staging; whole tiles of one page
+      for (const int page : {16, 24, 64}) {  // staging by two page runs per tile, per token, one page
         if (kernel == tensor_core && !tensor_cores_present()) continue;
         const DecodeCase c{1, 4, page, {1, 40, 70, 50}, {1, 2, 1, 2}, splits, false, false};
         int nan_rows = 0;

@@ -406,18 +406,25 @@ __device__ __forceinline__ void stage_rows(std::byte* dst, int n, int my_page, i
   }
 }
 
-// A whole tile (32 consecutive slots of one page) of a region from `src`: unrolled, every
-// chunk at a fixed offset from the lane's first, no bounds to test.
-template <int RowBytes, StageLayout L>
-__device__ __forceinline__ void stage_full(std::byte* dst, const std::byte* src) {
+// A whole tile of a region from kRuns page runs (1: 32 consecutive slots of one page;
+// 2: slots 0–15 of two pages of 16), run j starting at src[j]: unrolled, every chunk at a
+// fixed offset from its run's start, no bounds to test.
+template <int RowBytes, StageLayout L, int kRuns = 1>
+__device__ __forceinline__ void stage_full(std::byte* dst, const std::byte* const (&src)[kRuns]) {
+  static_assert(kRuns == 1 || kRuns == 2, "kvq: a warp tile is one or two page runs");
   if constexpr (RowBytes > 0) {
     constexpr int Chunk = kStageChunk<RowBytes, L>, CPT = RowBytes / Chunk, kTileItems = kWarpTokens * CPT;
+    constexpr int kRunItems = kTileItems / kRuns;
     const int lane = warp::lane_id();
 #pragma unroll
     for (int i = 0; i < (kTileItems + 31) / 32; ++i) {
       const int idx = lane + 32 * i;
       if (kTileItems % 32 != 0 && idx >= kTileItems) break;
-      warp::copy_async<Chunk>(stage_chunk<RowBytes, L>(dst, idx / CPT, idx % CPT), src + std::size_t(idx) * Chunk);
+      // The run of item idx: fixed per unrolled step when runs are whole steps of 32 items.
+      const int run = kRuns == 1 ? 0 : (kRunItems % 32 == 0 ? 32 * i / kRunItems : (idx >= kRunItems ? 1 : 0));
+      const std::byte* s = run == 0 ? src[0] : src[kRuns - 1];
+      warp::copy_async<Chunk>(stage_chunk<RowBytes, L>(dst, idx / CPT, idx % CPT),
+                              s + std::size_t(idx - run * kRunItems) * Chunk);
     }
   }
 }
@@ -458,7 +465,10 @@ struct RowTile {
   int offset = 0;         // query token i sees keys [0, i + offset]
   const std::int32_t* pages = nullptr;  // the sequence's page indices
   int page_shift = -1;                  // log2(page_size) when a power of two, else -1
-  bool whole_tiles = false;             // page_size % 32 == 0: every warp tile lies in one page
+  // Pages a warp tile spans as runs of consecutive slots (tiles start at multiples of 32):
+  // 1 when page_size % 32 == 0 (the tile lies in one page), 2 when page_size is 16 (vLLM's
+  // default: two runs of 16), 0 otherwise (every token's page is looked up).
+  int tile_pages = 0;
 };
 
 template <class KP>
@@ -479,7 +489,7 @@ __device__ __forceinline__ RowTile row_tile(const KP& a, int R) {
   const int ps = a.table.page_size;
   if (ps > 0 && (ps & (ps - 1)) == 0)
     for (t.page_shift = 0; (1 << t.page_shift) < ps;) ++t.page_shift;
-  t.whole_tiles = ps % kWarpTokens == 0;
+  t.tile_pages = ps % kWarpTokens == 0 ? 1 : (ps == kWarpTokens / 2 ? 2 : 0);
   t.offset = a.p.causal_offset ? a.p.causal_offset[t.b] : t.len - nq;
   return t;
 }
@@ -548,21 +558,24 @@ __device__ __forceinline__ int page_slot_index(const RowTile& t, int page_size, 
   return t.page_shift >= 0 ? tok >> t.page_shift : tok / page_size;
 }
 
-// The page of each tile a warp issues, read from the page table one issue ahead, so that
-// a tile's copies never wait for that load (whole_tiles only; -1 otherwise). The warp
-// issues tiles t_first, t_first + step, … in order (warp::StageRing).
+// The page of each tile a warp issues (its first page when tile_pages is 2), read from the
+// page table one issue ahead, so that a tile's copies never wait for that load
+// (tile_pages > 0 only; -1 otherwise). The warp issues tiles t_first, t_first + step, …
+// in order (warp::StageRing). One page ahead, not two: a second live register in the
+// token loop cost the tensor-core kernel ~10 instructions per tile in rematerialized
+// addresses (static SASS, 2026-12-07), so a tile's second page of 16 is read at issue.
 struct PageAhead {
   int next = -1;
   template <class KP>
   __device__ __forceinline__ void start(const KP& a, const RowTile& t, int t_first, int te) {
-    next = t.whole_tiles && t_first < te ? t.pages[page_slot_index(t, a.table.page_size, t_first)] : -1;
+    next = t.tile_pages > 0 && t_first < te ? t.pages[page_slot_index(t, a.table.page_size, t_first)] : -1;
   }
   // The page of tile t_begin (the one after the last taken); loads the next one's.
   template <class KP>
   __device__ __forceinline__ int take(const KP& a, const RowTile& t, int t_begin, int step, int te) {
     const int pg = next;
     const int t_after = t_begin + step;
-    if (t.whole_tiles && t_after < te) next = t.pages[page_slot_index(t, a.table.page_size, t_after)];
+    if (t.tile_pages > 0 && t_after < te) next = t.pages[page_slot_index(t, a.table.page_size, t_after)];
     return pg;
   }
 };
@@ -570,8 +583,8 @@ struct PageAhead {
 // Issues the copies of the warp tile [t0, min(t0 + 32, te)) into stage buffer `st`;
 // returns the mask of loadable tokens (a page index outside the pool is skipped and
 // flagged). Codes are staged in layout KL (keys) and VL (values), metadata linearly.
-// pg: the tile's page (PageAhead) when t.whole_tiles; ignored otherwise, where every
-// token's page is looked up.
+// pg: the tile's page (PageAhead; with pages of 16 its first) when t.tile_pages > 0;
+// ignored otherwise, where every token's page is looked up.
 template <class KP, StageLayout KL = StageLayout::transposed, StageLayout VL = StageLayout::linear,
           bool kZeroMissingValues = false>
 __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S, const RowTile& t, std::byte* st, int t0,
@@ -581,19 +594,44 @@ __device__ __forceinline__ unsigned issue_tile(const KP& a, const DecodeSmem& S,
   const int lane = threadIdx.x & 31;
   const int n = te - t0 < 32 ? te - t0 : 32;
   const int h = t.h;
-  if (t.whole_tiles) {
-    // Tiles start at multiples of 32 (split_chunk): the whole tile is one page's run.
+  auto valid = [&](int p) { return p >= 0 && p < a.src.num_pages; };
+  if (t.tile_pages == 2 && n > kWarpTokens / 2) {
+    // Pages of 16: slots 0–15 of two pages. A whole tile with both pages valid is four
+    // unrolled pairs of runs; the rest (a tile of 17–31 tokens, cut short by the sequence
+    // end or the causal limit; a bad page) takes the per-token path below.
+    const int pg2 = t.pages[page_slot_index(t, a.table.page_size, t0) + 1];
+    if (n == kWarpTokens && valid(pg) && valid(pg2)) {
+      const HeadRegions r = a.src.head_regions(h);
+      const std::byte* h0 = a.src.pool + std::size_t(pg) * r.page_bytes;
+      const std::byte* h1 = a.src.pool + std::size_t(pg2) * r.page_bytes;
+      const std::byte* const kc[2] = {h0 + r.kc, h1 + r.kc};
+      const std::byte* const km[2] = {h0 + r.km, h1 + r.km};
+      const std::byte* const vc[2] = {h0 + r.vc, h1 + r.vc};
+      const std::byte* const vm[2] = {h0 + r.vm, h1 + r.vm};
+      stage_full<Src::kcb, KL, 2>(st + S.kc_off(), kc);
+      stage_full<Src::kmb, lin, 2>(st + S.km_off(), km);
+      stage_full<Src::vcb, VL, 2>(st + S.vc_off(), vc);
+      stage_full<Src::vmb, lin, 2>(st + S.vm_off(), vm);
+      return KVQ_FULL_MASK;
+    }
+  } else if (t.tile_pages > 0) {
+    // One run: the tile lies in page pg (tiles start at multiples of 32, split_chunk), or,
+    // with pages of 16, all of its n ≤ 16 tokens do.
     const int slot = t.page_shift >= 0 ? t0 & (a.table.page_size - 1) : t0 % a.table.page_size;
-    const bool ok = pg >= 0 && pg < a.src.num_pages;
+    const bool ok = valid(pg);
     if (!ok && lane == 0 && a.error_flags) atomicOr(a.error_flags, static_cast<unsigned>(kBadPage));
     const HeadRegions r = a.src.head_regions(h);
     const std::byte* head = ok ? a.src.pool + std::size_t(pg) * r.page_bytes : nullptr;
     auto at = [&](unsigned region, int pitch) { return ok ? head + (region + unsigned(slot * pitch)) : nullptr; };
     if (n == kWarpTokens && ok) {  // the common case: four unrolled runs
-      stage_full<Src::kcb, KL>(st + S.kc_off(), at(r.kc, Src::kcb));
-      stage_full<Src::kmb, lin>(st + S.km_off(), at(r.km, Src::kmb));
-      stage_full<Src::vcb, VL>(st + S.vc_off(), at(r.vc, Src::vcb));
-      stage_full<Src::vmb, lin>(st + S.vm_off(), at(r.vm, Src::vmb));
+      const std::byte* const kc[1] = {at(r.kc, Src::kcb)};
+      const std::byte* const km[1] = {at(r.km, Src::kmb)};
+      const std::byte* const vc[1] = {at(r.vc, Src::vcb)};
+      const std::byte* const vm[1] = {at(r.vm, Src::vmb)};
+      stage_full<Src::kcb, KL>(st + S.kc_off(), kc);
+      stage_full<Src::kmb, lin>(st + S.km_off(), km);
+      stage_full<Src::vcb, VL>(st + S.vc_off(), vc);
+      stage_full<Src::vmb, lin>(st + S.vm_off(), vm);
       return KVQ_FULL_MASK;
     }
     stage_run<Src::kcb, KL>(st + S.kc_off(), n, at(r.kc, Src::kcb));
@@ -843,7 +881,7 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
   // 19–20% of the copy figure on the H200).
   auto issue = [&](int i, int t_begin) -> unsigned {
     if (t_begin >= te) return 0u;
-    const int pg = tile.whole_tiles ? tile.pages[page_slot_index(tile, a.table.page_size, t_begin)] : -1;
+    const int pg = tile.tile_pages > 0 ? tile.pages[page_slot_index(tile, a.table.page_size, t_begin)] : -1;
     return issue_tile(a, S, tile, smem + S.stage_off(w, i), t_begin, te, pg);
   };
   warp::StageRing<2> ring;

@@ -277,9 +277,12 @@ struct MmaOps<QuantSource<P>> {
     for (int gv = 0; gv < NV; ++gv) {
       const float sa = meta_fast<P.value.meta>(ma[2 * gv]), la = meta_fast<P.value.meta>(ma[2 * gv + 1]);
       const float sb = meta_fast<P.value.meta>(mb[2 * gv]), lb = meta_fast<P.value.meta>(mb[2 * gv + 1]);
-      // A zero weight contributes nothing, whatever the (possibly NaN) metadata.
-      const float x0 = p[0] != 0.f ? p[0] * sa * xscale : 0.f, x1 = p[1] != 0.f ? p[1] * sa * xscale : 0.f;
-      const float x2 = p[2] != 0.f ? p[2] * sb * xscale : 0.f, x3 = p[3] != 0.f ? p[3] * sb * xscale : 0.f;
+      // A zero weight contributes nothing, whatever the (possibly NaN) metadata. xscale is
+      // a power of two (2^pexp), so p·(s·xscale) is (p·s)·xscale but at the ends of fp32's
+      // range: one product per token instead of one per weight.
+      const float sxa = sa * xscale, sxb = sb * xscale;
+      const float x0 = p[0] != 0.f ? p[0] * sxa : 0.f, x1 = p[1] != 0.f ? p[1] * sxa : 0.f;
+      const float x2 = p[2] != 0.f ? p[2] * sxb : 0.f, x3 = p[3] != 0.f ? p[3] * sxb : 0.f;
       olo[0][gv] += (p[0] != 0.f ? p[0] * la : 0.f) + (p[2] != 0.f ? p[2] * lb : 0.f);
       olo[1][gv] += (p[1] != 0.f ? p[1] * la : 0.f) + (p[3] != 0.f ? p[3] * lb : 0.f);
       unsigned xa[Splits], xb[Splits];
