@@ -563,7 +563,9 @@ __device__ __forceinline__ int page_slot_index(const RowTile& t, int page_size, 
 // (tile_pages > 0 only; -1 otherwise). The warp issues tiles t_first, t_first + step, …
 // in order (warp::StageRing). One page ahead, not two: a second live register in the
 // token loop cost the tensor-core kernel ~10 instructions per tile in rematerialized
-// addresses (static SASS, 2026-12-07), so a tile's second page of 16 is read at issue.
+// addresses (static SASS, 2026-12-07), so a tile's second page of 16 is read at issue,
+// from the line that the first page's read one tile ahead brought in (unless the pair
+// straddles a 128-byte line).
 struct PageAhead {
   int next = -1;
   template <class KP>
