@@ -5,7 +5,7 @@
 #                     rotations vs OptR on the committed real SmolLM2 activations (calib_compare;
 #                     markdown, CSV and SVG in build/report/)
 #   .ci/kvq.sh test   build everything (CUDA when nvcc is found) and run the whole test suite
-#   .ci/kvq.sh asan   CPU tests under ASan+UBSan
+#   .ci/kvq.sh asan   CPU tests and the CUDA kernels' host emulator under ASan+UBSan
 #   .ci/kvq.sh fuzz   bounded libFuzzer runs of the file readers, safetensors and GGUF (needs clang)
 #   .ci/kvq.sh clang  the CPU and attention tests (portable, AVX-512, AVX2) built with clang
 #

@@ -374,7 +374,12 @@ if command -v compute-sanitizer > /dev/null; then
       --gtest_filter="${!set_var}" > "$out/$tool.log" 2>&1
     rc=$?
     tail -4 "$out/$tool.log"
-    case $rc in 0) echo "$tool: clean";; 124) echo "!! $tool: timed out"; status=1;; *) echo "!! $tool: FAILED ($rc)"; status=1;; esac
+    # A filter that matches no test passes: clean only with tests run (GoogleTest's
+    # "[  PASSED  ] N tests.", N > 0).
+    if [ $rc -eq 0 ] && ! grep -q -E '^\[  PASSED  \] [1-9][0-9]* test' "$out/$tool.log"; then rc=4; fi
+    case $rc in 0) echo "$tool: clean";; 124) echo "!! $tool: timed out";; 4) echo "!! $tool: no test ran";;
+      *) echo "!! $tool: FAILED ($rc)";; esac
+    [ $rc -eq 0 ] || status=1
   done
 else
   echo "!! compute-sanitizer not found"; status=1

@@ -247,8 +247,11 @@ void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
   const QueryRun qs = queries(c);
   const auto q = convert<T>(random_normal(std::size_t(qs.total) * hq * D, seed + 5, 0.7f));
   std::vector<float> ref(std::size_t(qs.total) * hq * D);
-  std::vector<T> out(ref.size(), from_float<T>(std::nanf("")));
-  std::vector<float> lse_ref(std::size_t(qs.total) * hq), lse(lse_ref.size(), std::nanf(""));
+  // Poison: NaN; with NaN keys or values, whose rows must come out NaN, a finite value
+  // that an unwritten row would keep.
+  const float poison = run.nan.keys.empty() && run.nan.values.empty() ? std::nanf("") : 1.0625f;
+  std::vector<T> out(ref.size(), from_float<T>(poison));
+  std::vector<float> lse_ref(std::size_t(qs.total) * hq), lse(lse_ref.size(), poison);
   const std::int32_t* off = c.explicit_offset ? qs.offsets.data() : nullptr;
   const DecodeParams<T, float> hp{q.data(), qs.indptr.data(), hq, off, 0.f, c.rotated, ref.data(), lse_ref.data()};
   // With a bad page the reference attends to sequence 0's other pages (its rows see all keys).

@@ -83,6 +83,8 @@ void check_append(int hkv, int page_size, const std::vector<int>& lens, std::uin
 
   // Dequantize every token on the GPU: bit-identical to dequantize_sequence.
   DeviceBuffer<T> ok(std::size_t(n) * hkv * D), ov(std::size_t(n) * hkv * D);
+  ok.fill_bytes(0xFF);  // NaN: an element the kernel does not write cannot match
+  ov.fill_bytes(0xFF);
   cuda::DequantizeArgs<P, T> d;
   d.cache = {pool.get(), tab.num_pages, layout};
   d.table = dt.view();
