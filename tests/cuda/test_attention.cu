@@ -132,6 +132,8 @@ void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel ke
   DeviceBuffer<std::byte> ws(cuda::decode_workspace_bytes(a));
   a.workspace = ws.get();
   a.workspace_bytes = ws.size();
+  DeviceBuffer<unsigned> flags(std::vector<unsigned>{0u});  // every page index is valid
+  a.error_flags = flags.get();
   // Twice into the same workspace, re-poisoning the output in between: the second launch
   // is only right if the first left the split arrival counters at zero.
   KVQ_EXPECT_OK(cuda::decode_attention(a, nullptr));
@@ -139,6 +141,7 @@ void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel ke
   dlse.fill_bytes(poison);
   KVQ_EXPECT_OK(cuda::decode_attention(a, nullptr));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(flags.download()[0], 0u);
   if (fast) {
     if constexpr (!P.value.centered)
       check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, c.explicit_offset ? off.data() : nullptr,
@@ -177,8 +180,6 @@ void check_dense_decode(const DecodeCase& c, std::uint32_t seed,
   DeviceBuffer<T> dq(q), dout(out_ref.size());
   DeviceBuffer<std::int32_t> dqi(qs.indptr), doff(off);
   DeviceBuffer<float> dlse(lse_ref.size());
-  dout.fill_bytes(0xFF);
-  dlse.fill_bytes(0xFF);
   cuda::DenseDecodeArgs<T, D, T, T> a;
   a.pool = dpool.get();
   a.num_pages = tab.num_pages;
@@ -193,12 +194,17 @@ void check_dense_decode(const DecodeCase& c, std::uint32_t seed,
   DeviceBuffer<std::byte> ws(cuda::decode_workspace_bytes(a));
   a.workspace = ws.get();
   a.workspace_bytes = ws.size();
-  if constexpr (std::is_void_v<Pipeline>) {
-    KVQ_EXPECT_OK(cuda::dense_decode_attention(a, nullptr));
-  } else if (precision == cuda::DecodePrecision::fast) {
-    KVQ_EXPECT_OK((cuda::tuning::decode_attention<Pipeline, cuda::DecodePrecision::fast>(a, nullptr)));
-  } else {
-    KVQ_EXPECT_OK((cuda::tuning::decode_attention<Pipeline, cuda::DecodePrecision::exact>(a, nullptr)));
+  // Twice into the same workspace, re-poisoning the output in between, as check_decode.
+  for (int launch = 0; launch < 2; ++launch) {
+    dout.fill_bytes(0xFF);
+    dlse.fill_bytes(0xFF);
+    if constexpr (std::is_void_v<Pipeline>) {
+      KVQ_EXPECT_OK(cuda::dense_decode_attention(a, nullptr));
+    } else if (precision == cuda::DecodePrecision::fast) {
+      KVQ_EXPECT_OK((cuda::tuning::decode_attention<Pipeline, cuda::DecodePrecision::fast>(a, nullptr)));
+    } else {
+      KVQ_EXPECT_OK((cuda::tuning::decode_attention<Pipeline, cuda::DecodePrecision::exact>(a, nullptr)));
+    }
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   if (precision == cuda::DecodePrecision::fast) {
@@ -224,13 +230,19 @@ void check_merge(std::uint32_t seed) {
   for (int i = 0; i < rows * D; ++i) f1[i] = to_float(o1[i]), f2[i] = to_float(o2[i]);
   merge_states(f1.data(), l1.data(), f2.data(), l2.data(), rows, D, fo.data(), lo.data());
 
-  DeviceBuffer<T> d1(o1), d2(o2);
+  DeviceBuffer<T> d1(o1), d2(o2), dout(o1.size());
   DeviceBuffer<float> dl1(l1), dl2(l2), dlo(rows);
+  // Into a NaN-poisoned buffer, then in place into o1, as engines do when folding a window
+  // into the running state (rows 1 and 2 of o1 already hold the merged values there).
+  dout.fill_bytes(0xFF);
   dlo.fill_bytes(0xFF);
-  // In place into o1, as engines do when folding a window into the running state.
+  KVQ_EXPECT_OK(cuda::merge_states<T>(d1.get(), dl1.get(), d2.get(), dl2.get(), rows, D, dout.get(), dlo.get(), nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  compare_decode_rows(dout.download(), dlo.download(), fo, lo, D, "merge", kDeviceTolerance);
+  dlo.fill_bytes(0xFF);
   KVQ_EXPECT_OK(cuda::merge_states<T>(d1.get(), dl1.get(), d2.get(), dl2.get(), rows, D, d1.get(), dlo.get(), nullptr));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  compare_decode_rows(d1.download(), dlo.download(), fo, lo, D, "merge", kDeviceTolerance);
+  compare_decode_rows(d1.download(), dlo.download(), fo, lo, D, "merge in place", kDeviceTolerance);
 }
 
 bool tensor_cores_present() {
