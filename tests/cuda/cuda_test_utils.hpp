@@ -274,11 +274,20 @@ int compare_decode_rows(const std::vector<T>& out, const std::vector<float>& lse
 // query row into q·R_K. Returns the largest error/bound ratio (< 1 passes); empty rows
 // must be 0. Rows whose reference has NaN (a visible NaN logit, a weighted NaN value
 // group) must have NaN in exactly the same elements; nan_rows counts them.
+// With lse given, each row's LSE against the CPU reference's (exact operands): NaN and −∞
+// where it has them, else within ln2·u·max a·2^{2u·max a} (a logit moves by at most u·a_t
+// log₂ units, and the LSE by at most the largest move) plus slack·max(1, |lse|) for the
+// fp32 parts (the emulator's 1e-5; on the device, the exact mode's device tolerance).
+struct LseCheck {
+  const std::vector<float>* got = nullptr;
+  const std::vector<float>* ref = nullptr;
+  double slack = 1e-5;
+};
 template <int D, ActivationType T, class ToStored, class KeyRow, class ValueRow>
 double check_fast_bound(const PageTableView& table, const std::vector<T>& q, const std::vector<std::int32_t>& q_indptr,
                         int hq, int hkv, const std::int32_t* causal_offset, ToStored&& to_stored, KeyRow&& key_row,
                         ValueRow&& value_row, const std::vector<T>& out, const std::string& what,
-                        double u = 0x1p-11, int* nan_rows = nullptr) {
+                        double u = 0x1p-11, int* nan_rows = nullptr, LseCheck lse = {}) {
   const int group = hq / hkv;
   const double tau_log2e = 1.0 / std::sqrt(double(D)) / std::log(2.0);
   double worst = 0;
@@ -316,6 +325,13 @@ double check_fast_bound(const PageTableView& table, const std::vector<T>& q, con
         }
         if (visible)
           for (int d = 0; d < D; ++d) o[d] /= l;
+        if (lse.got && lse.ref) {
+          const double got = (*lse.got)[row], ref = (*lse.ref)[row];
+          const double tol = std::log(2.0) * u * max_a * std::exp2(2 * u * max_a) + lse.slack * std::max(1.0, std::abs(ref));
+          const bool ok = std::isnan(ref) ? std::isnan(got) : std::isinf(ref) ? got == ref : std::abs(got - ref) <= tol;
+          if (!ok && ++bad <= 5)
+            ADD_FAILURE() << what << ": row " << row << " lse " << got << " vs " << ref << " (bound " << tol << ")";
+        }
         if (std::any_of(o.begin(), o.end(), [](double x) { return std::isnan(x); })) {
           if (nan_rows) ++*nan_rows;
           bool same = true;
@@ -352,7 +368,7 @@ template <Policy P, ActivationType T>
 double check_fast_bound(const std::byte* pool, const PageLayout<P>& layout, const PageTableView& table,
                         const std::vector<T>& q, const std::vector<std::int32_t>& q_indptr, int hq,
                         const std::int32_t* causal_offset, const RotationParams& rot, const std::vector<T>& out,
-                        const std::string& what, int* nan_rows = nullptr) {
+                        const std::string& what, int* nan_rows = nullptr, LseCheck lse = {}) {
   static_assert(!P.value.centered, "stored-basis outputs need un-centered values");
   constexpr int D = P.head_dim;
   std::vector<float> scratch(D);
@@ -375,14 +391,15 @@ double check_fast_bound(const std::byte* pool, const PageLayout<P>& layout, cons
         row.template operator()<P.value>(layout.value_codes(page(b, t), h, slot),
                                          layout.value_meta_bytes(page(b, t), h, slot), x, lo);
       },
-      out, what, 0x1p-11, nan_rows);
+      out, what, 0x1p-11, nan_rows, lse);
 }
 
 // check_fast_bound for 16-bit pages (lo = 0, no rotation).
 template <ActivationType PT, int D, ActivationType T>
 double check_fast_bound(const std::byte* pool, const DensePageLayout<PT, D>& layout, const PageTableView& table,
                         const std::vector<T>& q, const std::vector<std::int32_t>& q_indptr, int hq,
-                        const std::int32_t* causal_offset, const std::vector<T>& out, const std::string& what) {
+                        const std::int32_t* causal_offset, const std::vector<T>& out, const std::string& what,
+                        LseCheck lse = {}) {
   auto copy = [](const PT* r, float* x, float* lo) {
     for (int d = 0; d < D; ++d) x[d] = to_float(r[d]), lo[d] = 0.f;
   };
@@ -393,7 +410,7 @@ double check_fast_bound(const std::byte* pool, const DensePageLayout<PT, D>& lay
       [&](int b, int t, int h, float* x, float* lo) {
         copy(layout.value_row(page(b, t), h, t % table.page_size), x, lo);
       },
-      out, what, std::is_same_v<PT, bfloat16_t> ? 0x1p-8 : 0x1p-11);
+      out, what, std::is_same_v<PT, bfloat16_t> ? 0x1p-8 : 0x1p-11, nullptr, lse);
 }
 
 // Tokens (sequence, position) whose key or value rows carry a NaN: the group that holds

@@ -143,9 +143,12 @@ void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel ke
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(flags.download()[0], 0u);
   if (fast) {
-    if constexpr (!P.value.centered)
+    if constexpr (!P.value.centered) {
+      const std::vector<float> lse = dlse.download();
       check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, c.explicit_offset ? off.data() : nullptr,
-                       rot.host(), dout.download(), "fast tensor-core, splits " + std::to_string(c.splits), nan_rows);
+                       rot.host(), dout.download(), "fast tensor-core, splits " + std::to_string(c.splits), nan_rows,
+                       {&lse, &lse_ref, kDeviceTolerance});
+    }
     return;
   }
   const int nans = compare_decode_rows(dout.download(), dlse.download(), out_ref, lse_ref, D,
@@ -208,8 +211,10 @@ void check_dense_decode(const DecodeCase& c, std::uint32_t seed,
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   if (precision == cuda::DecodePrecision::fast) {
+    const std::vector<float> lse = dlse.download();
     check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, c.explicit_offset ? off.data() : nullptr,
-                     dout.download(), "fast tensor-core dense, splits " + std::to_string(c.splits));
+                     dout.download(), "fast tensor-core dense, splits " + std::to_string(c.splits),
+                     {&lse, &lse_ref, kDeviceTolerance});
     return;
   }
   compare_decode_rows(dout.download(), dlse.download(), out_ref, lse_ref, D,

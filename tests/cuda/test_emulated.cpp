@@ -288,7 +288,7 @@ void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
     } else {
       int nans = 0;
       const double ratio = check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, off, rot.host(), out,
-                                            "fast " + what, &nans);
+                                            "fast " + what, &nans, {&lse, &lse_ref});
       if (run.bound_ratio) *run.bound_ratio = std::max(*run.bound_ratio, ratio);
       if (run.nan_rows) *run.nan_rows = nans;
     }
@@ -337,7 +337,8 @@ void check_dense(const Case& c, std::uint32_t seed, const Run& run = {}) {
   expect_counters_reset(a.workspace, plan);
   const std::string what = run.kernel == cuda::DecodeKernel::tensor_core ? "tensor-core dense decode" : "dense decode";
   if (run.precision == cuda::DecodePrecision::fast) {
-    const double ratio = check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, off, out, "fast " + what);
+    const double ratio =
+        check_fast_bound(pool.data(), layout, tab.host(), q, qs.indptr, hq, off, out, "fast " + what, {&lse, &lse_ref});
     if (run.bound_ratio) *run.bound_ratio = std::max(*run.bound_ratio, ratio);
     return;
   }
