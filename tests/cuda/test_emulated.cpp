@@ -36,21 +36,27 @@ void emu_append(const Args& a, int hkv, int parts) {
                   [&] { kern::append_kernel<Args>(a, parts); });
 }
 
+// Runs body over the grid with `bytes` of the decode kernels' dynamic shared memory, a
+// buffer of exactly that size, NaN-poisoned before every CTA.
+template <class F>
+void launch_decode(dim3 grid, dim3 block, std::size_t bytes, F&& body) {
+  std::vector<uint4> smem((bytes + 15) / 16);
+  kern::kvq_decode_smem = smem.data();
+  kvq_emu::launch_ctas(grid, block, body, [&] { std::memset(smem.data(), 0xFF, smem.size() * sizeof(uint4)); });
+  kern::kvq_decode_smem = nullptr;
+}
+
 template <class Pipeline = kern::MmaPipeline<>, class KP>
 void emu_decode(const KP& kp, const cuda::DecodePlan& plan, cuda::DecodePrecision precision) {
   using Src = typename KP::source_type;
   auto run = [&]<int R>() {
     using Cfg = kern::DecodeConfig<Src, R>;
-    ASSERT_LE(Cfg::smem.total(), sizeof(kern::kvq_decode_smem));
-    std::memset(kern::kvq_decode_smem, 0xFF, Cfg::smem.total());  // NaN poison
-    kvq_emu::launch(to_dim3(plan.grid), dim3(Cfg::NW * 32), [&] { kern::decode_kernel<KP, R>(kp); });
+    launch_decode(to_dim3(plan.grid), dim3(Cfg::NW * 32), Cfg::smem.total(), [&] { kern::decode_kernel<KP, R>(kp); });
   };
   if constexpr (kern::MmaOps<Src>::kOk) {
     if (plan.kernel == cuda::DecodeKernel::tensor_core) {
       using Cfg = kern::MmaDecodeConfig<Src, Pipeline>;
-      ASSERT_LE(Cfg::smem.total(), sizeof(kern::kvq_decode_smem));
-      std::memset(kern::kvq_decode_smem, 0xFF, Cfg::smem.total());
-      kvq_emu::launch(to_dim3(plan.grid), dim3(Cfg::NW * 32), [&] {
+      launch_decode(to_dim3(plan.grid), dim3(Cfg::NW * 32), Cfg::smem.total(), [&] {
         if (precision == cuda::DecodePrecision::exact)
           kern::decode_mma_kernel<KP, cuda::DecodePrecision::exact, Pipeline>(kp);
         else

@@ -154,19 +154,23 @@ inline void kvq_emu_mma_16816(float (&c)[4], const unsigned (&a)[4], const unsig
   w.bar.arrive_and_wait();
 }
 
-// Dynamic shared memory of the decode kernel.
+// Dynamic shared memory of the decode kernels: the test points it at a buffer of exactly
+// the launch's size (CTAs run one after another), so that ASan catches a kernel that
+// overruns it.
 namespace kvq::cuda::kernel {
-inline uint4 kvq_decode_smem[(256 * 1024) / 16];
+inline uint4* kvq_decode_smem = nullptr;
 }
 
 namespace kvq_emu {
-// Runs body() as every thread of every CTA of the grid (CTAs one after another).
-template <class F>
-void launch(dim3 grid, dim3 block, F&& body) {
+// Runs body() as every thread of every CTA of the grid (CTAs one after another), and
+// before_cta() before each CTA (to poison its shared memory, undefined on a GPU).
+template <class F, class G>
+void launch_ctas(dim3 grid, dim3 block, F&& body, G&& before_cta) {
   const int n = static_cast<int>(block.x * block.y * block.z);
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
+        before_cta();
         Cta c(n);
         std::vector<std::thread> threads;
         threads.reserve(n);
@@ -185,5 +189,9 @@ void launch(dim3 grid, dim3 block, F&& body) {
           });
         for (auto& th : threads) th.join();
       }
+}
+template <class F>
+void launch(dim3 grid, dim3 block, F&& body) {
+  launch_ctas(grid, block, body, [] {});
 }
 }  // namespace kvq_emu
