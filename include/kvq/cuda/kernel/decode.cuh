@@ -417,9 +417,8 @@ __device__ __forceinline__ void stage_full(std::byte* dst, const std::byte* cons
     constexpr int kRunItems = kTileItems / kRuns;
     const int lane = warp::lane_id();
 #pragma unroll
-    for (int i = 0; i < (kTileItems + 31) / 32; ++i) {
+    for (int i = 0; i < kTileItems / 32; ++i) {  // kTileItems = 32·CPT
       const int idx = lane + 32 * i;
-      if (kTileItems % 32 != 0 && idx >= kTileItems) break;
       // The run of item idx: fixed per unrolled step when runs are whole steps of 32 items.
       const int run = kRuns == 1 ? 0 : (kRunItems % 32 == 0 ? 32 * i / kRunItems : (idx >= kRunItems ? 1 : 0));
       const std::byte* s = run == 0 ? src[0] : src[kRuns - 1];
