@@ -29,9 +29,12 @@
 #
 # KVQ_GPU_CHECK_BUDGET (seconds, default 540: the device tool stops a command at 600) bounds
 # the run after the tests: each later step's timeout is cut to what is left, the
-# benchmarks, the peer and the profiles leave the last 200 s to the two sanitizer runs, and
-# a step without its time is skipped and says so (a skipped example or sanitizer run fails
-# the check, a skipped benchmark does not).
+# benchmarks, the peer and the profiles leave the last 200 s to the two sanitizer runs
+# (memcheck leaves 70 of them to racecheck), and a step without its time is skipped and
+# says so (a skipped example or sanitizer run fails the check, a skipped benchmark does not).
+# Only bench_cuda_decode runs with the staged lib/ on LD_LIBRARY_PATH (its libbenchmark and
+# the C++ runtime that was built against): python3, ncu and compute-sanitizer keep the
+# device machine's own.
 #
 # Exit status: 0 when every test and sanitizer run passed (benchmarks never fail the check).
 set -u
@@ -162,7 +165,8 @@ PY
 fi
 
 stage=${1:-build-gpu/stage}
-export LD_LIBRARY_PATH="$stage/lib:${LD_LIBRARY_PATH:-}"
+# bench_cuda_decode with its staged shared libraries (ncu and the peer keep their own).
+bench=(env "LD_LIBRARY_PATH=$stage/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$stage/bench_cuda_decode")
 out=${KVQ_GPU_CHECK_OUT:-${OUT:-/tmp}}/kvq_gpu_check
 mkdir -p "$out"
 status=0
@@ -204,7 +208,7 @@ fi
 
 echo "== benchmarks"
 if before_sanitizers "bench_cuda_decode" 240; then
-  timeout -k 10 "$t" "$stage/bench_cuda_decode" --benchmark_min_time=0.05 --benchmark_counters_tabular=true \
+  timeout -k 10 "$t" "${bench[@]}" --benchmark_min_time=0.05 --benchmark_counters_tabular=true \
     --benchmark_out="$out/bench.json" --benchmark_out_format=json > "$out/bench.txt" 2>&1 ||
     echo "!! bench_cuda_decode failed or timed out (the summary reads the runs it finished)"
   tail -5 "$out/bench.txt"
@@ -235,7 +239,7 @@ if command -v ncu > /dev/null; then
     before_sanitizers "the profile" 60 || continue
     timeout -k 10 "$t" ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
       --metrics "$stalls" --launch-skip 2 \
-      --launch-count 1 -k regex:decode "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
+      --launch-count 1 -k regex:decode "${bench[@]}" --benchmark_min_time=0.01 \
       --benchmark_filter="$filter" > "$out/ncu_$tag.txt" 2>&1 ||
       echo "!! ncu failed or timed out"
     grep -E "decode|Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|stalled" \
@@ -246,7 +250,7 @@ if command -v ncu > /dev/null; then
       rep="$out/src_$tag"
       before_sanitizers "the source page" 60 || continue
       timeout -k 10 "$t" ncu --clock-control none --section SourceCounters --launch-skip 2 --launch-count 1 -k regex:decode \
-        -f -o "$rep" "$stage/bench_cuda_decode" --benchmark_min_time=0.01 \
+        -f -o "$rep" "${bench[@]}" --benchmark_min_time=0.01 \
         --benchmark_filter="$filter" > /dev/null 2>&1 &&
         ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.csv" 2> "$rep.err" ||
         echo "!! ncu source page failed ($rep.err)"
@@ -369,16 +373,25 @@ if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
     set_var=${tool}_set
     echo "== compute-sanitizer --tool $tool (${!set_var})"
-    budget_for "compute-sanitizer --tool $tool" 150 || { status=1; continue; }
+    # memcheck leaves 70 s to racecheck, which takes what is left.
+    reserve=$([ $tool = memcheck ] && echo 70 || echo 0)
+    t=$(within $((130 + reserve)))
+    t=$((t - reserve))
+    [ "$t" -ge 15 ] || { echo "!! compute-sanitizer --tool $tool skipped: the budget is spent"; status=1; continue; }
     timeout -k 10 "$t" compute-sanitizer --tool "$tool" --error-exitcode 3 "$stage/test_cuda_kernels" --gtest_brief=1 \
       --gtest_filter="${!set_var}" > "$out/$tool.log" 2>&1
     rc=$?
     tail -4 "$out/$tool.log"
     # A filter that matches no test passes: clean only with tests run (GoogleTest's
-    # "[  PASSED  ] N tests.", N > 0).
+    # "[  PASSED  ] N tests.", N > 0). 3 is the tool's own finding; a test that fails
+    # under it prints GoogleTest's FAILED lines; anything else is the tool not running
+    # (a refused device, a bad option): a failed check, but no verdict on the kernels.
     if [ $rc -eq 0 ] && ! grep -q -E '^\[  PASSED  \] [1-9][0-9]* test' "$out/$tool.log"; then rc=4; fi
-    case $rc in 0) echo "$tool: clean";; 124) echo "!! $tool: timed out";; 4) echo "!! $tool: no test ran";;
-      *) echo "!! $tool: FAILED ($rc)";; esac
+    if [ $rc -ne 0 ] && [ $rc -ne 3 ] && [ $rc -ne 4 ] && [ $rc -lt 124 ] && grep -q -E '^\[  FAILED  \]' "$out/$tool.log"; then rc=5; fi
+    case $rc in 0) echo "$tool: clean";; 3) echo "!! $tool: FAILED (errors reported; $tool.log in extras.tgz)";;
+      4) echo "!! $tool: no test ran";; 5) echo "!! $tool: a test FAILED under it";;
+      124|137) echo "!! $tool: timed out after $t s";;
+      *) echo "!! $tool: did not run (exit $rc; see $tool.log in extras.tgz): no verdict on the kernels";; esac
     [ $rc -eq 0 ] || status=1
   done
 else

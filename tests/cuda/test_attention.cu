@@ -25,6 +25,9 @@ using namespace kvq::test;
 // The emulator meets 1e-5 with the same kernels; the device's exp2f/log2f and FMA
 // contraction may differ more.
 constexpr double kDeviceTolerance = 1e-3;
+// Prints the worst errors measured against that tolerance, to size it from them.
+[[maybe_unused]] const ::testing::Environment* const kErrorReport =
+    ::testing::AddGlobalTestEnvironment(new DecodeErrorReport("device exact decodes and merges", kDeviceTolerance));
 
 struct DecodeCase {
   int hkv, group, page_size;

@@ -17,6 +17,11 @@ namespace {
 
 using namespace kvq;
 using namespace kvq::test;
+
+// Prints the worst errors of the exact checks against the CPU reference (tol 1e-5 unless a
+// test says otherwise), beside the device's (test_attention.cu).
+[[maybe_unused]] const ::testing::Environment* const kErrorReport =
+    ::testing::AddGlobalTestEnvironment(new DecodeErrorReport("emulated exact decodes and merges", 1e-5));
 namespace kern = kvq::cuda::kernel;
 constexpr auto kTensorCore = cuda::DecodeKernel::tensor_core;
 
