@@ -159,7 +159,9 @@ if loops:
         if n in loops:
             print(f"  {short(p)}\n    " + " ".join(f"{k}:{v}" for k, v in loops[n].most_common(10)))
 PY
-  echo "staged in $stage:"; ls -la "$stage" "$stage/lib"
+  # What the stage was built from, so that a run on a stage left from an earlier session says so.
+  git -C "$here" describe --always --dirty > "$stage/commit.txt" 2> /dev/null || echo unknown > "$stage/commit.txt"
+  echo "staged in $stage (commit $(cat "$stage/commit.txt")):"; ls -la "$stage" "$stage/lib"
   echo "ptxas table ($stage/ptxas.txt):"; cat "$stage/ptxas.txt"
   exit 0
 fi
@@ -188,6 +190,7 @@ before_sanitizers() {
   t=$((t - 200))
   [ "$t" -ge 20 ] || { echo "!! $1 skipped: the budget keeps its last 200 s for the sanitizers"; return 1; }
 }
+echo "stage built from commit $(cat "$stage/commit.txt" 2> /dev/null || echo "unknown (no commit.txt)")"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>/dev/null || echo "nvidia-smi not available"
 [ -f "$stage/ptxas.txt" ] && cp "$stage/ptxas.txt" "$out/"
 
@@ -259,7 +262,7 @@ if command -v ncu > /dev/null; then
 fi
 
 summary() {
-echo "== summary (one run: compare the ratios inside it, not absolutes across runs)"
+echo "== summary (one run: compare the ratios inside it, not absolutes across runs; stage from commit $(cat "$stage/commit.txt" 2> /dev/null || echo unknown))"
 if command -v python3 > /dev/null && [ -s "$out/bench.json" ]; then
   python3 - "$out/bench.json" "$out/peer.json" << 'PY'
 import json, os, re, sys, collections
