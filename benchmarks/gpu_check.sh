@@ -370,7 +370,7 @@ summary | tee "$out/summary.txt"
 
 # compute-sanitizer on the tests of one policy per kernel (both decode kernels, split-KV,
 # append, dense pages, merge, NaN rows); racecheck on the kernels that share memory.
-memcheck_set='CudaAppend.K4V2_d128_half:CudaDecode.K4V2_d128_half:CudaDecodeTensorCore.K4V2_d128_half:CudaDenseDecode.dense_d128_half:CudaDenseDecodeTensorCore.dense_d128_half:CudaMergeStates.dense_d128_half:CudaDecode.NaN*:CudaDependentLaunch.*'
+memcheck_set='CudaAppend.K4V2_d128_half:CudaDecode.K4V2_d128_half:CudaDecode.OneWorkspace*:CudaDecodeTensorCore.K4V2_d128_half:CudaDenseDecode.dense_d128_half:CudaDenseDecodeTensorCore.dense_d128_half:CudaMergeStates.dense_d128_half:CudaDecode.NaN*:CudaDependentLaunch.*'
 racecheck_set='CudaDecode.K4V2_d128_half:CudaDecodeTensorCore.K4V2_d128_half:CudaDenseDecodeTensorCore.dense_d128_half'
 if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do

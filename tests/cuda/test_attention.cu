@@ -79,10 +79,13 @@ Queries queries_for(const DecodeCase& c) {
   return q;
 }
 
+// shared_ws: a workspace kept across calls as it is (zeroed once by the caller), instead
+// of a fresh zeroed one.
 template <Policy P, ActivationType T>
 void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel kernel = cuda::DecodeKernel::simt,
                   const NanTokens& nan = {}, int* nan_rows = nullptr,
-                  cuda::DecodePrecision precision = cuda::DecodePrecision::exact) {
+                  cuda::DecodePrecision precision = cuda::DecodePrecision::exact,
+                  DeviceBuffer<std::byte>* shared_ws = nullptr) {
   constexpr int D = P.head_dim;
   if (c.rotated && P.value.centered) return;
   const RaggedTable tab = make_table(c.lens, c.page_size, seed);
@@ -132,8 +135,10 @@ void check_decode(const DecodeCase& c, std::uint32_t seed, cuda::DecodeKernel ke
   a.num_splits = c.splits;
   a.kernel = kernel;
   a.precision = precision;
-  DeviceBuffer<std::byte> ws(cuda::decode_workspace_bytes(a));
-  a.workspace = ws.get();
+  DeviceBuffer<std::byte> local_ws(shared_ws ? 0 : cuda::decode_workspace_bytes(a));
+  DeviceBuffer<std::byte>& ws = shared_ws ? *shared_ws : local_ws;
+  ASSERT_GE(ws.size(), cuda::decode_workspace_bytes(a));
+  a.workspace = ws.size() ? ws.get() : nullptr;
   a.workspace_bytes = ws.size();
   DeviceBuffer<unsigned> flags(std::vector<unsigned>{0u});  // every page index is valid
   a.error_flags = flags.get();
@@ -345,6 +350,25 @@ TEST(CudaDecode, NaNLogitsAndValueGroupsPoisonTheRowsThatSeeThem) {
         check_decode<P, half_t>(c, 95, kernel, nan, &nan_rows, precision);
         EXPECT_EQ(nan_rows, 4 * 3) << "splits " << splits << ", page " << page;
       }
+}
+
+// One workspace, zeroed once, serves decode calls of every shape and both kernels, as an
+// engine's does from step to step (the emulator's OneWorkspaceServesDecodesOfEveryShape).
+TEST(CudaDecode, OneWorkspaceServesDecodesOfEveryShape) {
+  KVQ_REQUIRE_CUDA_DEVICE();
+  constexpr Policy P = presets::K4V2_HC.with_head_dim(128);
+  DeviceBuffer<std::byte> ws(std::size_t(4) << 20);  // zero-filled
+  const DecodeCase big{2, 4, 16, {300, 129, 37, 250, 64}, {3, 3, 3, 3, 3}, 8, false, false};
+  const DecodeCase small{2, 4, 16, {100, 40}, {1, 1}, 3, false, false};
+  const DecodeCase other{2, 4, 16, {70, 33, 200}, {2, 1, 1}, 5, false, false};
+  using enum cuda::DecodeKernel;
+  const auto tc = tensor_cores_present() ? tensor_core : simt;
+  const auto exact = cuda::DecodePrecision::exact;
+  check_decode<P, half_t>(big, 160, tc, {}, nullptr, exact, &ws);
+  check_decode<P, half_t>(small, 161, tc, {}, nullptr, exact, &ws);
+  check_decode<P, half_t>(big, 162, simt, {}, nullptr, exact, &ws);
+  check_decode<P, half_t>(other, 163, tc, {}, nullptr, exact, &ws);
+  check_decode<P, half_t>(small, 164, tc, {}, nullptr, exact, &ws);
 }
 
 // Programmatic dependent launch and CUDA graphs: a prefill append, then decode steps that

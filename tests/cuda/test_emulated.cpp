@@ -84,9 +84,10 @@ void emu_decode(const KP& kp, const cuda::DecodePlan& plan, cuda::DecodePrecisio
 }
 
 // The tensor-core kernel merges its splits in the kernel; the last CTA of each tile resets
-// its arrival counter, so the workspace is ready for the next launch.
+// its arrival counter (at the start of the workspace), so the workspace is ready for the
+// next launch, of any shape.
 void expect_counters_reset(const void* workspace, const cuda::DecodePlan& plan) {
-  const auto* c = static_cast<const unsigned char*>(workspace) + plan.partial_o_bytes + plan.partial_lse_bytes;
+  const auto* c = static_cast<const unsigned char*>(workspace);
   EXPECT_TRUE(std::all_of(c, c + plan.counter_bytes, [](unsigned char x) { return x == 0; }))
       << "split arrival counters were not reset";
 }
@@ -201,14 +202,26 @@ struct Run {
   int* nan_rows = nullptr;        // out: rows the reference has NaN in
   double* bound_ratio = nullptr;  // out (fast): the largest error / bound
   int bad_page = -1;              // ≥ 0: sequence 0's page of that index points outside the pool
+  // Device-side table checks (DeviceError), each expecting its flag:
+  int bad_table_seq = -1;   // ≥ 0: that sequence's last_page_len is page_size + 1 in the kernel's
+                            // table (kBadPageTable): its rows must come out empty (o = 0, lse −∞)
+  bool bad_q_indptr = false;  // the last sequence's q_indptr run ends past total_q (kBadQueryRows):
+                              // its rows must stay unwritten
+  int max_q_per_seq = 0;      // > 0: passed instead of the longest run; with runs longer than
+                              // it (kBadQueryRows), the rows past the grid stay unwritten
+  std::vector<uint4>* workspace = nullptr;  // kept across calls as it is (zeroed once by the
+                                            // caller), instead of a fresh zeroed one
 };
 
 // Quantized decode `a` on the emulator: its workspace zeroed and 256-byte aligned in ws
 // (the caller keeps it, to read the merge counters), the plan from validate, and the
 // kernel's error flags.
 template <class Pipeline = kern::MmaPipeline<>, Policy P, ActivationType T>
-void emulate_decode(cuda::DecodeArgs<P, T, T>& a, std::vector<uint4>& ws, cuda::DecodePlan& plan, unsigned& flags) {
-  ws.assign((cuda::decode_workspace_bytes(a) + 15) / 16 + 16, uint4{0u, 0u, 0u, 0u});
+void emulate_decode(cuda::DecodeArgs<P, T, T>& a, std::vector<uint4>& ws, cuda::DecodePlan& plan, unsigned& flags,
+                    bool keep_workspace = false) {
+  const std::size_t words = (cuda::decode_workspace_bytes(a) + 15) / 16 + 16;
+  if (keep_workspace) ASSERT_GE(ws.size(), words) << "the kept workspace is too small for this call";
+  else ws.assign(words, uint4{0u, 0u, 0u, 0u});
   a.workspace = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 255) & ~std::uintptr_t{255});
   a.workspace_bytes = cuda::decode_workspace_bytes(a);
   const Status st = cuda::validate(a, plan);
@@ -234,6 +247,16 @@ RaggedTable without_page(const RaggedTable& t, int p) {
   } else {
     r.lens[0] -= t.page_size;
   }
+  return r;
+}
+
+// The table with sequence s emptied (no pages): its rows see no key.
+RaggedTable without_sequence(const RaggedTable& t, int s) {
+  RaggedTable r = t;
+  const int n = t.indptr[s + 1] - t.indptr[s];
+  r.indices.erase(r.indices.begin() + t.indptr[s], r.indices.begin() + t.indptr[s + 1]);
+  for (std::size_t b = s + 1; b < r.indptr.size(); ++b) r.indptr[b] -= n;
+  r.lens[s] = 0, r.last[s] = 0;
   return r;
 }
 
@@ -267,7 +290,9 @@ void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
   const DecodeParams<T, float> hp{q.data(), qs.indptr.data(), hq, off, 0.f, c.rotated, ref.data(), lse_ref.data()};
   // With a bad page the reference attends to sequence 0's other pages (its rows see all keys).
   ASSERT_TRUE(run.bad_page < 0 || (c.nq[0] == 1 && !c.explicit_offset));
-  const RaggedTable ref_tab = run.bad_page >= 0 ? without_page(tab, run.bad_page) : tab;
+  const RaggedTable ref_tab = run.bad_page >= 0        ? without_page(tab, run.bad_page)
+                             : run.bad_table_seq >= 0 ? without_sequence(tab, run.bad_table_seq)
+                                                      : tab;
   ASSERT_TRUE(decode_attention<P>(ConstPagedCacheView<P>{pool.data(), tab.num_pages, layout}, ref_tab.host(), hp,
                                   rot.host())
                   .ok());
@@ -276,22 +301,50 @@ void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
   a.cache = {pool.data(), tab.num_pages, layout};
   RaggedTable kernel_tab = tab;
   if (run.bad_page >= 0) kernel_tab.indices[kernel_tab.indptr[0] + run.bad_page] = tab.num_pages + 7;
+  if (run.bad_table_seq >= 0) {
+    ASSERT_GT(tab.lens[run.bad_table_seq], 0);
+    kernel_tab.last[run.bad_table_seq] = tab.page_size + 1;
+  }
   a.table = kernel_tab.host();
+  std::vector<std::int32_t> kernel_qi = qs.indptr;
+  if (run.bad_q_indptr) kernel_qi.back() = qs.total + 3;
   const bool fast = run.precision == cuda::DecodePrecision::fast;
-  a.params = {q.data(), qs.indptr.data(), hq, off, 0.f, c.rotated || fast, out.data(), lse.data()};
+  a.params = {q.data(), kernel_qi.data(), hq, off, 0.f, c.rotated || fast, out.data(), lse.data()};
   a.rotation = rot.host();
   a.total_q = qs.total;
-  a.max_q_per_seq = qs.max_q;
+  a.max_q_per_seq = run.max_q_per_seq > 0 ? run.max_q_per_seq : qs.max_q;
   a.num_splits = c.splits;
   a.kernel = run.kernel;
   a.precision = run.precision;
-  std::vector<uint4> ws;
+  std::vector<uint4> local_ws;
+  std::vector<uint4>& ws = run.workspace ? *run.workspace : local_ws;
   cuda::DecodePlan plan;
   unsigned flags = 0;
-  ASSERT_NO_FATAL_FAILURE(emulate_decode<Pipeline>(a, ws, plan, flags));
+  ASSERT_NO_FATAL_FAILURE(emulate_decode<Pipeline>(a, ws, plan, flags, run.workspace != nullptr));
   ASSERT_EQ(plan.kernel == cuda::DecodeKernel::tensor_core, run.kernel == cuda::DecodeKernel::tensor_core);
   expect_counters_reset(a.workspace, plan);
-  EXPECT_EQ(flags, run.bad_page >= 0 ? unsigned(cuda::kBadPage) : 0u);
+  // Rows a flagged run leaves unwritten keep their NaN poison: the reference says NaN there.
+  auto expect_unwritten = [&](int qrow, int head) {
+    const std::size_t item = std::size_t(qrow) * hq + head;
+    std::fill(ref.begin() + item * D, ref.begin() + (item + 1) * D, std::nanf(""));
+    lse_ref[item] = std::nanf("");
+  };
+  const int batch = static_cast<int>(c.lens.size());
+  if (run.bad_q_indptr)
+    for (int i = qs.indptr[batch - 1]; i < qs.total; ++i)
+      for (int j = 0; j < hq; ++j) expect_unwritten(i, j);
+  bool rows_past_grid = false;
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < c.hkv; ++h)
+      for (int r = plan.row_tiles * plan.rows; r < c.nq[b] * c.group; ++r) {
+        ASSERT_EQ(c.splits, 1) << "rows past the grid are only left unwritten without splits";
+        expect_unwritten(qs.indptr[b] + r / c.group, h * c.group + r % c.group);
+        rows_past_grid = true;
+      }
+  const unsigned expected_flags = (run.bad_page >= 0 ? unsigned(cuda::kBadPage) : 0u) |
+                                  (run.bad_table_seq >= 0 ? unsigned(cuda::kBadPageTable) : 0u) |
+                                  (run.bad_q_indptr || rows_past_grid ? unsigned(cuda::kBadQueryRows) : 0u);
+  EXPECT_EQ(flags, expected_flags);
   const std::string what = run.kernel == cuda::DecodeKernel::tensor_core ? "tensor-core decode" : "quantized decode";
   if (fast) {
     if constexpr (P.value.centered) {
@@ -544,6 +597,16 @@ TEST(CudaEmulated, AppendRejectsOutOfRange) {
   flags = 0;
   emu_append(a, 2, 1);
   EXPECT_EQ(flags, unsigned(cuda::kBadPosition | cuda::kBadBatchIndex));
+  // A table whose last_page_len says more tokens than the sequence's pages hold: position
+  // 17 would pass a bound of 16 + 17 and land in the next sequence's page.
+  RaggedTable bad = tab;
+  bad.last[0] = 17;
+  const std::vector<std::int32_t> b0 = {0}, p17 = {17};
+  flags = 0;
+  cuda::AppendArgs<P, half_t> a0{{pool.data(), tab.num_pages, layout}, bad.host(), rows.data(), rows.data(), 1,
+                                 b0.data(), p17.data(), rot.host(), &flags};
+  emu_append(a0, 2, 2);
+  EXPECT_EQ(flags, unsigned(cuda::kBadPageTable));
   EXPECT_TRUE(std::all_of(pool.begin(), pool.end(), [](std::byte x) { return x == std::byte{0xA5}; }));
 }
 
@@ -750,6 +813,44 @@ TEST(CudaEmulated, BadPageIndexIsSkippedAndFlagged) {
   for (const auto kernel : {cuda::DecodeKernel::simt, cuda::DecodeKernel::tensor_core})
     for (const auto& [i, page] : bad)
       check_decode<P, half_t>(cases()[i], 140 + static_cast<std::uint32_t>(i), {.kernel = kernel, .bad_page = page});
+}
+// Tables in device memory are checked where the kernels read them, and what they flag
+// is defined: a last_page_len past the page size makes the sequence empty (its rows see
+// no key: o = 0, lse −∞), a q_indptr run past total_q leaves that sequence's rows
+// unwritten (q and out are never read or written outside their rows), and rows past
+// the grid that max_q_per_seq sized are not computed; every other row is the
+// reference's. Both kernels, with and without splits.
+TEST(CudaEmulated, BadTablesAndQueryRunsAreFlagged) {
+  constexpr Policy P = presets::K4V2_HC.with_head_dim(128);
+  const Case c{2, 4, 16, {40, 77, 0, 129}, {1, 2, 1, 3}, 1, false, false};
+  Case split = c;
+  split.splits = 3;
+  for (const auto kernel : {cuda::DecodeKernel::simt, cuda::DecodeKernel::tensor_core}) {
+    check_decode<P, half_t>(c, 150, {.kernel = kernel, .bad_table_seq = 1});
+    check_decode<P, half_t>(split, 151, {.kernel = kernel, .bad_table_seq = 3});
+    check_decode<P, half_t>(c, 152, {.kernel = kernel, .bad_q_indptr = true});
+    check_decode<P, half_t>(c, 153, {.kernel = kernel, .max_q_per_seq = 1});  // runs of 2 and 3 tokens
+  }
+  // The tensor-core kernel merges its splits in the kernel: a skipped run stays unwritten.
+  check_decode<P, half_t>(split, 154, {.kernel = cuda::DecodeKernel::tensor_core, .bad_q_indptr = true});
+}
+// One workspace, zeroed once, serves decode calls of every shape and of both kernels, as
+// an engine's does from step to step: the tensor-core kernel's arrival counters keep
+// their place at the start of the workspace while the partials' size follows total_q·Hq·S.
+// (When the counters followed the partials, the second call below found them among the
+// first call's partial floats and never merged its splits.)
+TEST(CudaEmulated, OneWorkspaceServesDecodesOfEveryShape) {
+  constexpr Policy P = presets::K4V2_HC.with_head_dim(128);
+  std::vector<uint4> ws((std::size_t(4) << 20) / 16, uint4{0u, 0u, 0u, 0u});  // 4 MiB, zeroed once
+  const Case big{2, 4, 16, {300, 129, 37, 250, 64}, {3, 3, 3, 3, 3}, 8, false, false};
+  const Case small{2, 4, 16, {100, 40}, {1, 1}, 3, false, false};
+  const Case other{2, 4, 16, {70, 33, 200}, {2, 1, 1}, 5, false, false};
+  using enum cuda::DecodeKernel;
+  check_decode<P, half_t>(big, 160, {.kernel = tensor_core, .workspace = &ws});
+  check_decode<P, half_t>(small, 161, {.kernel = tensor_core, .workspace = &ws});
+  check_decode<P, half_t>(big, 162, {.kernel = simt, .workspace = &ws});
+  check_decode<P, half_t>(other, 163, {.kernel = tensor_core, .workspace = &ws});
+  check_decode<P, half_t>(small, 164, {.kernel = tensor_core, .workspace = &ws});
 }
 // DecodePrecision::fast (one fp16 operand per product) stays within the bound stated in
 // kernel/decode_mma.cuh against fp64 attention over the dequantized cache: quantized

@@ -88,9 +88,24 @@ TEST(CudaPlan, DecodePlanGridAndWorkspace) {
   EXPECT_EQ(plan.workspace_bytes(), 0u);
   s.num_splits = 4;
   ASSERT_TRUE(make_decode_plan(s, plan).ok());
+  // The counters' region comes first and has one size whatever the shape (both kernels
+  // keep their partials clear of it, so one workspace serves every call).
+  EXPECT_EQ(plan.counter_bytes, kSplitCounterBytes);
   EXPECT_EQ(plan.partial_o_bytes, align_up(4u * 5 * 16 * 128 * 4, 256));
   EXPECT_EQ(plan.partial_lse_bytes, align_up(4u * 5 * 16 * 4, 256));
+  EXPECT_EQ(plan.workspace_bytes(), kSplitCounterBytes + plan.partial_o_bytes + plan.partial_lse_bytes);
   EXPECT_EQ(plan.merge_grid.x, (5u * 16 + 3) / 4);
+  // A bound on the query run looser than total_q adds no row tiles (and cannot overflow).
+  s.max_q_per_seq = 1 << 30;
+  ASSERT_TRUE(make_decode_plan(s, plan).ok());
+  EXPECT_EQ(plan.row_tiles, 3);  // at most 5 tokens × 8 heads = 40 rows, in tiles of 16
+  s.max_q_per_seq = 3;
+  s.kernel = static_cast<DecodeKernel>(3);  // e.g. parsed from a config
+  EXPECT_EQ(make_decode_plan(s, plan).code(), StatusCode::invalid_argument);
+  s.kernel = DecodeKernel::automatic;
+  s.batch = 1 << 30;  // batch × row tiles past the grid's 2^31
+  EXPECT_EQ(make_decode_plan(s, plan).code(), StatusCode::invalid_argument);
+  s.batch = 3;
   s.num_qo_heads = 3;
   EXPECT_EQ(make_decode_plan(s, plan).code(), StatusCode::invalid_argument);
   s.num_qo_heads = 16;
@@ -122,9 +137,18 @@ TEST(CudaPlan, TensorCoreKernelChoice) {
   EXPECT_EQ(plan.rows, kMmaRows);
   EXPECT_EQ(plan.row_tiles, 1);
   s.max_q_per_seq = 5;  // 5 tokens × 4 heads = 20 rows: three n8 tiles
+  s.total_q = 10;
   ASSERT_TRUE(make_decode_plan(s, plan).ok());
   EXPECT_EQ(plan.row_tiles, 3);
   EXPECT_EQ(plan.grid.x, 6u);
+  // The in-kernel merge has kSplitCounters arrival counters: more tiles with splits are
+  // refused (suggest_num_splits never splits such grids).
+  s.num_splits = 2;
+  s.max_q_per_seq = 1, s.total_q = 1 << 16, s.batch = 1 << 16;  // × 4 KV heads
+  EXPECT_EQ(make_decode_plan(s, plan).code(), StatusCode::invalid_argument);
+  s.num_kv_heads = 1, s.num_qo_heads = 4;
+  ASSERT_TRUE(make_decode_plan(s, plan).ok());  // exactly kSplitCounters tiles
+  EXPECT_EQ(suggest_num_splits(1 << 16, 1, 1, 32768, 132, 256, 16), 1);
   // Which policies the kernel serves.
   static_assert(DecodeArgs<presets::K2V2_HC, half_t, half_t>::kTensorCoreOk);
   static_assert(DecodeArgs<presets::K4V2.with_head_dim(64), float, float>::kTensorCoreOk);
@@ -242,6 +266,9 @@ TEST(CudaValidate, Append) {
 TEST(CudaValidate, DequantizeAndRotate) {
   DequantizeArgs<kP, float> d{cache<kP>(), table(), 2, g_ints, g_ints, g_floats, g_floats, {}, nullptr};
   EXPECT_TRUE(validate(d).ok());
+  d.cache.pool = g_pool + 2;  // the kernel's typed metadata loads would fault
+  EXPECT_NE(validate(d).message().find("aligned"), std::string::npos);
+  d.cache.pool = g_pool;
   d.values = nullptr;
   EXPECT_FALSE(validate(d).ok());
 
@@ -253,6 +280,8 @@ TEST(CudaValidate, DequantizeAndRotate) {
   EXPECT_NE(validate(r).message().find("value_rotation"), std::string::npos);
   r.op = RotateOp::key;
   EXPECT_NE(validate(r).message().find("key_mean"), std::string::npos);
+  r.heads_per_kv_head = 3;  // 8 heads do not split into KV heads of 3
+  EXPECT_NE(validate(r).message().find("multiple"), std::string::npos);
   r.heads_per_kv_head = 0;
   EXPECT_FALSE(validate(r).ok());
 }

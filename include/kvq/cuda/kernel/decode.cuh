@@ -479,11 +479,22 @@ __device__ __forceinline__ RowTile row_tile(const KP& a, int R) {
   t.h = blockIdx.y;
   t.split = blockIdx.z;
   t.q0 = a.p.q_indptr[t.b];
-  const int nq = a.p.q_indptr[t.b + 1] - t.q0, rows_total = nq * t.group;
+  const int q1 = a.p.q_indptr[t.b + 1];
+  unsigned error = 0;
+  // Tables in device memory are checked here (DeviceError): a run outside [0, total_q]
+  // would read q and write out past their ends, a bad last_page_len reach into the next
+  // sequence's pages. Every split of a tile decides alike, so the arrival counts agree.
+  int nq = q1 - t.q0;
+  if (t.q0 < 0 || nq < 0 || q1 > a.total_q) error |= kBadQueryRows, nq = 0;
+  const long long rows_total = static_cast<long long>(nq) * t.group;
+  if (rows_total > static_cast<long long>(a.row_tiles) * R) error |= kBadQueryRows;
   t.r0 = (blockIdx.x % a.row_tiles) * R;
-  t.rows = rows_total - t.r0 < R ? rows_total - t.r0 : R;
+  t.rows = rows_total - t.r0 < R ? static_cast<int>(rows_total - t.r0) : R;
   if (t.rows < 0) t.rows = 0;
-  t.len = a.table.seq_len(t.b);
+  const bool table_ok = a.table.seq_consistent(t.b);
+  if (!table_ok) error |= kBadPageTable;
+  t.len = table_ok ? a.table.seq_len(t.b) : 0;
+  if (error && a.error_flags && threadIdx.x == 0) atomicOr(a.error_flags, error);
   t.pages = a.table.indices + a.table.indptr[t.b];
   const int ps = a.table.page_size;
   if (ps > 0 && (ps & (ps - 1)) == 0)
@@ -965,8 +976,8 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
 // Kernel parameters of one decode call (shared by the launchers and the host emulator).
 // row_tiles: CTAs per (sequence, KV head, split) (DecodePlan::row_tiles); workspace: the
 // split-KV workspace laid out as kvq/cuda/traits/geometry.hpp describes (null when
-// num_splits == 1); merge_in_kernel: the kernel merges its splits (its arrival counters
-// follow the lse region).
+// num_splits == 1); merge_in_kernel: the kernel merges its splits (with the arrival
+// counters at the start of the workspace).
 template <class Src, ActivationType QT, ActivationType OT>
 DecodeKernelParams<Src, QT, OT> make_decode_params(const Src& src, const PageTableView& table,
                                                   const DecodeParams<QT, OT>& p, const RotationParams& r,
@@ -981,15 +992,13 @@ DecodeKernelParams<Src, QT, OT> make_decode_params(const Src& src, const PageTab
   kp.row_tiles = row_tiles;
   kp.total_q = total_q;
   kp.tau = p.scale(Src::D);
-  kp.partial_o = static_cast<float*>(workspace);
   const std::size_t rows = std::size_t(total_q) * p.num_qo_heads;
-  kp.partial_lse = workspace ? reinterpret_cast<float*>(static_cast<char*>(workspace) +
+  char* const base = static_cast<char*>(workspace);
+  kp.split_counters = workspace && merge_in_kernel ? reinterpret_cast<unsigned*>(base) : nullptr;
+  kp.partial_o = workspace ? reinterpret_cast<float*>(base + kSplitCounterBytes) : nullptr;
+  kp.partial_lse = workspace ? reinterpret_cast<float*>(base + kSplitCounterBytes +
                                                         split_partial_o_bytes(num_splits, rows, Src::D))
                              : nullptr;
-  kp.split_counters = workspace && merge_in_kernel
-                          ? reinterpret_cast<unsigned*>(reinterpret_cast<char*>(kp.partial_lse) +
-                                                        split_partial_lse_bytes(num_splits, rows))
-                          : nullptr;
   kp.error_flags = error_flags;
   return kp;
 }

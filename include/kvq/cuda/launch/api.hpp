@@ -6,8 +6,10 @@
 // kvq/cuda/launch/launch.cuh, which defines the launchers). Every pointer inside the
 // argument structs is DEVICE memory; launchers never dereference them on the host, so
 // validation covers what the host can see (null pointers, counts, shapes, workspace
-// size). The kernels bounds-check every page index and position they read and skip
-// what is out of range, reporting it in the optional `error_flags` device word.
+// size). The kernels bounds-check every page index and position they read, each
+// sequence's last_page_len and each decode sequence's q_indptr run, and skip what is out
+// of range, reporting it in the optional `error_flags` device word. What they cannot see
+// is the engine's to keep: indptr values within indices, arrays of the sizes stated.
 //
 // Launchers take the engine's stream (kvq::cuda::Stream is cudaStream_t), allocate
 // nothing, never synchronize, and return a Status (cuda_error for launch failures).
@@ -104,7 +106,8 @@ struct DequantizeArgs {
 
 // Standalone rotation of rows (RotateOp, kvq/cuda/traits/rotate_op.hpp).
 //   in, out : [num_rows, num_heads, D] of T (out may alias in)
-//   head j of a row uses KV head ⌊j / heads_per_kv_head⌋ of the rotation params
+//   head j of a row uses KV head ⌊j / heads_per_kv_head⌋ of the rotation params, which
+//   must hold num_heads / heads_per_kv_head KV heads (a multiple: checked)
 template <Policy P, ActivationType T>
 struct RotateArgs {
   static constexpr Policy kPolicy = P;
@@ -125,8 +128,10 @@ struct RotateArgs {
 //   max_q_per_seq : an upper bound of q_indptr[b+1] − q_indptr[b]
 //   num_splits    : split-KV factor; > 1 needs workspace (decode_workspace_bytes), zeroed
 //                   once after allocation: the tensor-core kernel merges its splits in the
-//                   kernel with arrival counters there, and every launch leaves them zero
-//                   (one workspace per stream; launches that share it must not overlap)
+//                   kernel with arrival counters at its start, which every launch leaves
+//                   zero and no call's partials overlap, so one workspace serves calls of
+//                   every shape and kernel (one workspace per stream; launches that share
+//                   it must not overlap)
 //   kernel        : simt or tensor_core (see DecodeKernel in plan.hpp); asking for
 //                   tensor_core where kTensorCoreOk is false returns `unsupported`
 //                   (which caches have one: kvq/cuda/traits/tensor_core.hpp)
@@ -266,6 +271,8 @@ Status validate(const DequantizeArgs<P, T>& a) {
   KVQ_CHECK_ARG(a.keys && a.values && a.batch_indices && a.positions, invalid_argument,
                 "cuda dequantize: keys, values, batch_indices and positions must not be null");
   KVQ_CHECK_ARG(a.cache.pool && a.cache.num_pages >= 1, invalid_argument, "cuda dequantize: empty cache pool");
+  KVQ_CHECK_ARG(reinterpret_cast<std::uintptr_t>(a.cache.pool) % 16 == 0, invalid_argument,
+                "cuda dequantize: cache pool must be 16-byte aligned");
   KVQ_CHECK_ARG(a.cache.layout.num_kv_heads >= 1, invalid_argument, "cuda dequantize: num_kv_heads must be >= 1");
   KVQ_RETURN_IF_ERROR(detail::validate_table_shape(a.table, a.cache.layout.page_size, "cuda dequantize"));
   return validate_rotation_params<P>(a.rotation);
@@ -277,6 +284,9 @@ Status validate(const RotateArgs<P, T>& a) {
   static_assert(check_policy<P>());
   KVQ_CHECK_ARG(a.num_rows >= 0 && a.num_heads >= 1 && a.heads_per_kv_head >= 1, invalid_argument,
                 "cuda rotate: num_rows >= 0, num_heads >= 1 and heads_per_kv_head >= 1 required");
+  KVQ_CHECK_ARG(a.num_heads % a.heads_per_kv_head == 0, invalid_argument,
+                "cuda rotate: num_heads (" + std::to_string(a.num_heads) + ") must be a multiple of heads_per_kv_head (" +
+                    std::to_string(a.heads_per_kv_head) + ")");
   if (a.num_rows == 0) return {};
   KVQ_CHECK_ARG(a.in && a.out, invalid_argument, "cuda rotate: null input or output");
   // Only the tensors the operation reads are required.

@@ -23,7 +23,7 @@ inline constexpr int kRowOptions[] = {4, 8, 16};
 // Rows per CTA for a GQA group and the longest query run of a sequence: the smallest
 // option that covers all rows of a (sequence, KV head), else the largest allowed.
 inline constexpr int choose_rows_per_cta(int head_dim, int group, int max_q_per_seq) {
-  const int need = group * (max_q_per_seq < 1 ? 1 : max_q_per_seq);
+  const long long need = static_cast<long long>(group) * (max_q_per_seq < 1 ? 1 : max_q_per_seq);
   const int cap = max_rows_per_cta(head_dim);
   int best = 0;
   for (int r : kRowOptions) {
@@ -72,10 +72,13 @@ struct DecodePlan {
   Dim3 merge_grid{};  // split merge kernel: one warp per (query row, query head); x = 0
                       // when the decode kernel merges its splits itself (tensor_core)
   int merge_block = 128;
-  std::size_t partial_o_bytes = 0;    // workspace: [S][total_q][Hq][D] fp32
-  std::size_t partial_lse_bytes = 0;  // workspace: [S][total_q][Hq] fp32
-  std::size_t counter_bytes = 0;      // workspace: arrival counters (geometry.hpp), tensor_core
-  std::size_t workspace_bytes() const { return partial_o_bytes + partial_lse_bytes + counter_bytes; }
+  // The split workspace (geometry.hpp), in this order: the arrival counters (used by the
+  // tensor-core kernel, kept clear by both), partial o [S][total_q][Hq][D] fp32, partial
+  // lse [S][total_q][Hq] fp32.
+  std::size_t counter_bytes = 0;
+  std::size_t partial_o_bytes = 0;
+  std::size_t partial_lse_bytes = 0;
+  std::size_t workspace_bytes() const { return counter_bytes + partial_o_bytes + partial_lse_bytes; }
 };
 
 inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
@@ -91,26 +94,36 @@ inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
   KVQ_CHECK_ARG(s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256, unsupported,
                 "decode plan: head_dim must be 64, 128 or 256");
   KVQ_CHECK_ARG(s.num_kv_heads <= 65535, invalid_argument, "decode plan: num_kv_heads must be <= 65535");
+  KVQ_CHECK_ARG(s.kernel == DecodeKernel::automatic || s.kernel == DecodeKernel::simt ||
+                    s.kernel == DecodeKernel::tensor_core,
+                invalid_argument, "decode plan: unknown DecodeKernel value");
   KVQ_CHECK_ARG(s.kernel != DecodeKernel::tensor_core || s.tensor_core_ok, unsupported,
                 "decode plan: no tensor-core kernel for this cache (it serves quantized policies with "
                 "key group x bits >= 64 and value group x bits >= 128, and fp16/bf16 caches)");
   const int group = s.num_qo_heads / s.num_kv_heads;
   const bool simt = s.kernel == DecodeKernel::simt || (s.kernel == DecodeKernel::automatic && !s.tensor_core_ok);
   plan.kernel = simt ? DecodeKernel::simt : DecodeKernel::tensor_core;
-  plan.rows = plan.kernel == DecodeKernel::tensor_core ? kMmaRows
-                                                       : choose_rows_per_cta(s.head_dim, group, s.max_q_per_seq);
-  plan.row_tiles = ceil_div(group * s.max_q_per_seq, plan.rows);
-  const long long x = static_cast<long long>(s.batch) * plan.row_tiles;
+  // A sequence's query run never exceeds total_q: a looser bound would only add CTAs.
+  const int q_cap = s.total_q > 1 ? s.total_q : 1;
+  const int max_q = s.max_q_per_seq < q_cap ? s.max_q_per_seq : q_cap;
+  plan.rows = plan.kernel == DecodeKernel::tensor_core ? kMmaRows : choose_rows_per_cta(s.head_dim, group, max_q);
+  const long long row_tiles = (static_cast<long long>(group) * max_q + plan.rows - 1) / plan.rows;
+  const long long x = static_cast<long long>(s.batch) * row_tiles;
   KVQ_CHECK_ARG(x < (1ll << 31), invalid_argument, "decode plan: batch × row tiles exceeds the grid limit");
+  plan.row_tiles = static_cast<int>(row_tiles);
   plan.grid = {static_cast<unsigned>(x), static_cast<unsigned>(s.num_kv_heads), static_cast<unsigned>(s.num_splits)};
   const std::size_t rows_total = std::size_t(s.total_q) * s.num_qo_heads;
   plan.partial_o_bytes = plan.partial_lse_bytes = plan.counter_bytes = 0;
   plan.merge_grid = {0, 1, 1};
   if (s.num_splits > 1) {
+    plan.counter_bytes = kSplitCounterBytes;
     plan.partial_o_bytes = split_partial_o_bytes(s.num_splits, rows_total, s.head_dim);
     plan.partial_lse_bytes = split_partial_lse_bytes(s.num_splits, rows_total);
     if (plan.kernel == DecodeKernel::tensor_core) {
-      plan.counter_bytes = split_counter_bytes(std::size_t(x) * s.num_kv_heads);
+      KVQ_CHECK_ARG(std::size_t(x) * s.num_kv_heads <= kSplitCounters, invalid_argument,
+                    "decode plan: num_splits > 1 with the tensor-core kernel takes at most " +
+                        std::to_string(kSplitCounters) + " (sequence, row tile, KV head) tiles, got " +
+                        std::to_string(x * s.num_kv_heads) + " (use num_splits = 1: such grids fill the GPU)");
     } else {
       const std::size_t warps_per_block = plan.merge_block / 32;
       const std::size_t blocks = (rows_total + warps_per_block - 1) / warps_per_block;

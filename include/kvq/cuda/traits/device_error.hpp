@@ -9,6 +9,14 @@ enum DeviceError : unsigned {
   kBadBatchIndex = 1u,  // batch index outside [0, batch_size)
   kBadPosition = 2u,    // position outside the sequence the page table describes
   kBadPage = 4u,        // page index outside [0, num_pages)
+  kBadPageTable = 8u,   // a sequence's indptr decreases or its last_page_len is outside
+                        // [1, page_size] (0 for no pages): it is taken as empty
+  kBadQueryRows = 16u,  // decode: a sequence's q_indptr run leaves [0, total_q] (its rows
+                        // are skipped), or has more rows than max_q_per_seq lets the
+                        // grid cover (the rows past them are not computed). Such rows are
+                        // left unwritten, but for the CUDA-core kernel's separate split
+                        // merge (num_splits > 1), which writes every row from whatever
+                        // partials the workspace holds: undefined values, flagged
 };
 
 }  // namespace kvq::cuda

@@ -75,17 +75,23 @@ KVQ_HOST_DEVICE constexpr int split_end(int len, int num_splits, int s) {
 }
 
 // Split-KV workspace (num_splits > 1), 256-byte aligned regions, rows = total_q × Hq:
-//   partial o   [S][rows][D] fp32   at byte 0
-//   partial lse [S][rows]    fp32   at byte split_partial_o_bytes(...)
-//   arrivals    [batch × row tiles × Hkv] u32, after the lse region (the tensor-core
-//               kernel: the last split CTA of a tile to arrive merges the splits and
-//               resets its counter, so the counters must be zero before the first launch)
+//   arrivals    [kSplitCounters] u32    at byte 0: one per CTA tile (sequence × row tile ×
+//               KV head, the tensor-core kernel: the last split CTA of a tile to arrive
+//               merges the splits and resets its counter to zero)
+//   partial o   [S][rows][D] fp32       at byte kSplitCounterBytes
+//   partial lse [S][rows]    fp32       after it
+// The counters have a fixed place and size whatever the call's shape, and both kernels
+// keep their partials clear of them: so one workspace, zeroed once after allocation,
+// serves calls of every shape and kernel (counters that followed the partials moved with
+// total_q·Hq·S, and a later call of another shape found its counters in the floats of an
+// earlier call's partials: its splits were never merged).
+inline constexpr std::size_t kSplitCounters = 65536;  // tiles of one split call, at most
+inline constexpr std::size_t kSplitCounterBytes = kSplitCounters * sizeof(unsigned);  // 256 KiB
 KVQ_HOST_DEVICE constexpr std::size_t split_partial_o_bytes(int num_splits, std::size_t rows, int head_dim) {
   return align_up(std::size_t(num_splits) * rows * std::size_t(head_dim) * 4, 256);
 }
 KVQ_HOST_DEVICE constexpr std::size_t split_partial_lse_bytes(int num_splits, std::size_t rows) {
   return align_up(std::size_t(num_splits) * rows * 4, 256);
 }
-KVQ_HOST_DEVICE constexpr std::size_t split_counter_bytes(std::size_t tiles) { return align_up(tiles * 4, 256); }
 
 }  // namespace kvq::cuda
