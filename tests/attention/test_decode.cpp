@@ -17,18 +17,19 @@ using kvq::test::make_paged_case;
 using kvq::test::max_row_rel_err;
 
 // Quantized attention == exact fp64 attention over the dequantized K̂/V̂ (incl. LSE).
+// sm_scale: DecodeParams::sm_scale (0: 1/√D).
 template <kvq::Policy P>
 void check_against_reference(int page_size, int hkv, int hq, std::vector<int> lens, std::vector<int> qlens,
-                             std::uint32_t seed) {
+                             std::uint32_t seed, float sm_scale = 0.f) {
   constexpr int D = P.head_dim;
   auto c = make_paged_case<P>(seed, page_size, hkv, hq, lens, qlens);
   ASSERT_TRUE(c.append_all(seed).ok());
   std::vector<float> out(c.q.size(), kPoison), lse(c.q.size() / D, kPoison);
-  const kvq::Status s = kvq::decode_attention<P>(c.const_cache(), c.table(), c.decode_params(out.data(), lse.data()),
-                                                 c.params.view());
+  const kvq::Status s = kvq::decode_attention<P>(
+      c.const_cache(), c.table(), c.decode_params(out.data(), lse.data(), sm_scale), c.params.view());
   ASSERT_TRUE(s.ok()) << s.to_string();
   std::vector<double> ref, ref_lse;
-  c.reference(ref, ref_lse);
+  c.reference(ref, ref_lse, nullptr, sm_scale);
   EXPECT_LE(max_row_rel_err(out, ref, D), 1e-5) << "page " << page_size << " hkv " << hkv << " hq " << hq;
   for (std::size_t r = 0; r < lse.size(); ++r) {
     if (std::isinf(ref_lse[r])) {
@@ -50,6 +51,9 @@ TEST(DecodeAttention, MatchesExactAttentionOverDequantizedCache) {
   check_against_reference<K4V2>(16, 2, 16, {300, 5}, {1, 4}, 3);
   check_against_reference<K2V4>(256, 4, 16, {513}, {1}, 4);
   check_against_reference<K2V2>(32, 3, 12, {90, 91, 17}, {2, 1, 1}, 5);
+  // An explicit softmax scale (not 1/√D; the LSE moves with it).
+  check_against_reference<K4V2>(16, 2, 8, {77, 40}, {1, 2}, 27, 0.05f);
+  check_against_reference<K2V2_HC>(16, 2, 8, {130}, {3}, 28, 0.3f);
 }
 
 TEST(DecodeAttention, RowAndTokenCountsOfTheCpuTiles) {
@@ -253,8 +257,11 @@ TEST(DecodeAttention, RotatedOutputLeavesTheValueBasis) {
   constexpr auto P = kvq::presets::K2V2_R;
   auto c = make_paged_case<P>(50, 16, 1, 2, {50}, {1});
   ASSERT_TRUE(c.append_all(50).ok());
-  std::vector<float> out(c.q.size()), rot(c.q.size());
+  std::vector<float> out(c.q.size(), kPoison), rot(c.q.size(), kPoison);
   ASSERT_TRUE(kvq::decode_attention<P>(c.const_cache(), c.table(), c.decode_params(out.data(), nullptr), c.params.view()).ok());
+  std::vector<double> ref, ref_lse;
+  c.reference(ref, ref_lse);
+  EXPECT_LE(max_row_rel_err(out, ref, 128), 1e-5);  // the original basis, as every test checks it
   auto p = c.decode_params(rot.data(), nullptr);
   p.rotated_output = true;
   ASSERT_TRUE(kvq::decode_attention<P>(c.const_cache(), c.table(), p, c.params.view()).ok());

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <utility>
 #include <vector>
 
 #include "common/orthogonal.hpp"
@@ -46,6 +47,25 @@ void check_three_parts(int sink, int recent, int flush, int tokens, int n_q, std
                                             k.data() + std::size_t(s) * hkv * D, v.data() + std::size_t(s) * hkv * D)
                     .ok());
   }
+  // The pages hold the right tokens: each dequantized row is nearer its own token's row
+  // than its neighbours' (a flush off by one token would still match the reference
+  // above, which reads the middle back from the same pages).
+  auto dist2 = [&](const std::vector<float>& a, int ta, const std::vector<float>& b, int tb, int h) {
+    double d2 = 0;
+    for (int d = 0; d < D; ++d) {
+      const double e = a[(std::size_t(ta) * hkv + h) * D + d] - double(b[(std::size_t(tb) * hkv + h) * D + d]);
+      d2 += e * e;
+    }
+    return d2;
+  };
+  for (int t = s; t < s + qn; ++t)
+    for (int h = 0; h < hkv; ++h)
+      for (const auto* x : {&std::as_const(data.k), &std::as_const(data.v)}) {
+        const std::vector<float>& deq = x == &data.k ? k : v;
+        const double own = dist2(deq, t, *x, t, h);
+        if (t > 0) EXPECT_LT(own, dist2(deq, t, *x, t - 1, h)) << "token " << t << " head " << h;
+        if (t + 1 < tokens) EXPECT_LT(own, dist2(deq, t, *x, t + 1, h)) << "token " << t << " head " << h;
+      }
   std::vector<float> out(std::size_t(n_q) * hq * D, kvq::test::kPoison), lse(std::size_t(n_q) * hq);
   cache.attend(data.q.data(), n_q, out.data(), lse.data());
   std::vector<double> ref(out.size());
@@ -82,10 +102,14 @@ TEST(HostCache, RuntimePolicyAndFullPrecisionAgreeWithoutQuantizedTokens) {
   const auto x = kvq::test::random_normal(2 * 64, 3);
   q->append(k.data(), v.data(), 100);  // 64 sink + 36 recent: nothing quantized
   f->append(k.data(), v.data(), 100);
-  std::vector<float> a(128), b(128);
+  std::vector<float> a(128, kvq::test::kPoison), b(128, kvq::test::kPoison);
   q->attend(x.data(), 1, a.data());
   f->attend(x.data(), 1, b.data());
   EXPECT_LT(kvq::test::rel_l2(a, b), 1e-6);
+  std::vector<double> ref(128);  // fp64 attention of both query heads over the 100 rows
+  for (int j = 0; j < 2; ++j)
+    kvq::exact_attention_row(x.data() + j * 64, k.data(), v.data(), 64, 100, 99, 64, 0.125, ref.data() + j * 64);
+  EXPECT_LE(max_row_rel_err(b, ref, 64), 1e-5);
   EXPECT_GT(f->bytes(), 0u);
 }
 

@@ -15,18 +15,36 @@ LayerActivations reread_one(kvq::io::SafetensorsWriter& w, int layer) {
   return read_activations(kvq::io::SafetensorsFile::from_bytes(w.to_bytes()), {layer}).at(0);
 }
 
+// Every tensor of both layers comes back: as written (F32), or each value rounded once to
+// the storage type (F16 and BF16, the committed fixture's F16 among them).
 TEST(ActivationFile, RoundTrip) {
   const auto ls = two_layers();
-  auto w = activations_writer(ls);
-  const auto back = read_activations(kvq::io::SafetensorsFile::from_bytes(w.to_bytes()));
-  ASSERT_EQ(back.size(), 2u);
-  EXPECT_EQ(back[1].layer, 5);
-  EXPECT_EQ(back[1].hq, 6);
-  EXPECT_EQ(back[1].hkv, 2);
-  EXPECT_EQ(back[1].hidden, 24);
-  EXPECT_EQ(back[1].q, ls[1].q);
-  EXPECT_EQ(back[1].w_o, ls[1].w_o);
-  EXPECT_EQ(back[0].seq_offsets, ls[0].seq_offsets);
+  for (const auto stored : {kvq::io::DType::F32, kvq::io::DType::F16, kvq::io::DType::BF16}) {
+    auto rounded = [&](const std::vector<float>& x) {
+      std::vector<float> r(x);
+      for (float& v : r)
+        v = stored == kvq::io::DType::F16    ? float(kvq::half_t(v))
+            : stored == kvq::io::DType::BF16 ? float(kvq::bfloat16_t(v))
+                                             : v;
+      return r;
+    };
+    auto w = activations_writer(ls, stored);
+    const auto back = read_activations(kvq::io::SafetensorsFile::from_bytes(w.to_bytes()));
+    ASSERT_EQ(back.size(), 2u);
+    EXPECT_EQ(back[1].layer, 5);
+    EXPECT_EQ(back[1].hq, 6);
+    EXPECT_EQ(back[1].hkv, 2);
+    EXPECT_EQ(back[1].hidden, 24);
+    for (int l = 0; l < 2; ++l) {
+      EXPECT_EQ(back[l].head_dim, ls[l].head_dim);
+      EXPECT_EQ(back[l].q, rounded(ls[l].q)) << l;
+      EXPECT_EQ(back[l].k, rounded(ls[l].k)) << l;
+      EXPECT_EQ(back[l].v, rounded(ls[l].v)) << l;
+      EXPECT_EQ(back[l].w_o, rounded(ls[l].w_o)) << l;
+      EXPECT_EQ(back[l].seq_offsets, ls[l].seq_offsets) << l;
+    }
+    EXPECT_NE(ls[0].k, ls[0].v);  // a swap of k and v would show
+  }
 }
 
 // The optional key mean (capture --mean-seqs) round-trips with its token count, reaches the

@@ -78,4 +78,43 @@ TEST(BaseRotation, ValueCovarianceWeightsAreMeanOne) {
   EXPECT_LT((CV - V.transpose() * V / L).cwiseAbs().maxCoeff(), 1e-15);
 }
 
+// Random keys of unequal norms, a random SPD C_Q from query heads of several lengths:
+// both covariances against plain loops in fp64 (C_Q = Σ_heads Σ_t q_t·q_tᵀ / rows;
+// w_t = k_tᵀ·C_Q·k_t / mean(w), C_V = Σ_t w_t·v_t·v_tᵀ / L).
+TEST(BaseRotation, CovariancesMatchPlainLoops) {
+  const int d = 8, L = 23;
+  std::mt19937 rng(11);
+  std::normal_distribution<double> nd;
+  auto random = [&](int rows, int cols, double row_scale) {
+    MatD m(rows, cols);
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < cols; ++j) m(i, j) = nd(rng) * (1.0 + row_scale * i);
+    return m;
+  };
+  const std::vector<MatD> Q = {random(5, d, 0.0), random(9, d, 0.3), random(3, d, 0.0)};
+  const MatD K = random(L, d, 0.2), V = random(L, d, 0.0);
+  MatD CQ = MatD::Zero(d, d);
+  for (const MatD& q : Q)
+    for (int t = 0; t < q.rows(); ++t)
+      for (int i = 0; i < d; ++i)
+        for (int j = 0; j < d; ++j) CQ(i, j) += q(t, i) * q(t, j);
+  CQ /= 17.0;
+  EXPECT_LT((kvq::calib::query_covariance(Q) - CQ).cwiseAbs().maxCoeff(), 1e-12);
+  std::vector<double> w(L);
+  double mean = 0;
+  for (int t = 0; t < L; ++t) {
+    for (int i = 0; i < d; ++i)
+      for (int j = 0; j < d; ++j) w[t] += K(t, i) * CQ(i, j) * K(t, j);
+    mean += w[t] / L;
+  }
+  MatD CV = MatD::Zero(d, d);
+  for (int t = 0; t < L; ++t)
+    for (int i = 0; i < d; ++i)
+      for (int j = 0; j < d; ++j) CV(i, j) += w[t] / mean * V(t, i) * V(t, j) / L;
+  const MatD got = kvq::calib::value_covariance(K, V, CQ);
+  EXPECT_LT((got - CV).cwiseAbs().maxCoeff(), 1e-12 * CV.cwiseAbs().maxCoeff());
+  // The weights matter here: the unweighted covariance is far from it.
+  EXPECT_GT((V.transpose() * V / L - CV).cwiseAbs().maxCoeff(), 0.1 * CV.cwiseAbs().maxCoeff());
+}
+
 }  // namespace

@@ -37,8 +37,8 @@ struct PagedCase {
   PageTableView table() const { return {indptr.data(), indices.data(), last_page_len.data(), batch(), page_size}; }
   PagedCacheView<P> cache() { return {pool.data(), num_pages, layout()}; }
   ConstPagedCacheView<P> const_cache() const { return {pool.data(), num_pages, layout()}; }
-  DecodeParams<float, float> decode_params(float* out, float* lse) const {
-    return {q.data(), q_indptr.data(), hq, nullptr, 0.f, false, out, lse};
+  DecodeParams<float, float> decode_params(float* out, float* lse, float sm_scale = 0.f) const {
+    return {q.data(), q_indptr.data(), hq, nullptr, sm_scale, false, out, lse};
   }
 
   // Appends every token in a shuffled order (append must not depend on order).

@@ -158,10 +158,13 @@ TEST(CpuQuantize, SelectionNetworksSortAndMerge) {
 #endif
 
 // Whole appends: every page byte equals what the scalar quantize_token_head writes.
+// hkv × tokens (token, KV head) items go in batches of 16 (8 at d 256), and a learned
+// rotation takes each batch's rows of one head in passes of 4, then 1–3: shapes with
+// remainders reach the last partial batch and every pass size.
 template <kvq::Policy P>
-void check_append(std::uint32_t seed) {
+void check_append(std::uint32_t seed, int hkv = 2, int tokens = 40) {
   constexpr int D = P.head_dim;
-  const int hkv = 2, tokens = 40, page_size = 16;
+  const int page_size = 16;
   auto c = kvq::test::make_paged_case<P>(seed, page_size, hkv, hkv, {tokens}, {1});
   std::vector<std::byte> reference = c.pool;  // the same poisoned bytes before any append
   ASSERT_TRUE(c.append_all(seed).ok());        // kvq::append_kv, the SIMD path where available
@@ -174,7 +177,8 @@ void check_append(std::uint32_t seed) {
       kvq::quantize_token_head<P>(k.data(), v.data(), h, t % page_size, c.params.view(), c.layout(),
                                   ref_cache.page(c.table().page_of(0, t)));
     }
-  EXPECT_EQ(std::memcmp(c.pool.data(), reference.data(), reference.size()), 0) << kvq::to_string(P);
+  EXPECT_EQ(std::memcmp(c.pool.data(), reference.data(), reference.size()), 0)
+      << kvq::to_string(P) << ", " << hkv << " KV heads × " << tokens << " tokens";
 }
 
 TEST(CpuQuantize, AppendWritesTheScalarReferenceBytes) {
@@ -187,6 +191,14 @@ TEST(CpuQuantize, AppendWritesTheScalarReferenceBytes) {
   check_append<K4V2_R.with_head_dim(64)>(6);
   check_append<K2V2_R.with_head_dim(256)>(7);
   check_append<K4V2_HC.with_head_dim(256)>(8);  // centering and the FWHT in two parts
+  // Remainders: a last batch of 15 (7 at d 256) with head runs of 6/5/5 rows (passes of
+  // 4 + 2 and 4 + 1), one head of 7 rows (4 + 3), a single item.
+  for (const auto& [hkv, tokens] : {std::pair{3, 37}, {1, 7}, {1, 1}}) {
+    check_append<K2V2_HC>(9, hkv, tokens);
+    check_append<K2V2_R>(10, hkv, tokens);
+    check_append<K4V2_R.with_head_dim(64)>(11, hkv, tokens);
+    check_append<K2V2_R.with_head_dim(256)>(12, hkv, tokens);
+  }
 }
 
 }  // namespace

@@ -242,6 +242,13 @@ void check_decode(const char* label, kvq::KeyScoring keys, double output_ratio, 
                                              kvq::cpu::SerialExecutor{})
                   .ok());
   EXPECT_LE(kvq::test::max_row_rel_err(out_split, cached, D), output_ratio * cache_err) << label << " split";
+  for (std::size_t r = 0; r < lse.size(); ++r) {  // the split LSE: the unsplit one's, up to the merge's rounding
+    if (std::isinf(lse[r])) {
+      EXPECT_TRUE(std::isinf(lse_split[r]) && lse_split[r] < 0) << label << " split row " << r;
+      continue;
+    }
+    EXPECT_NEAR(lse_split[r], lse[r], 1e-5 * (1 + std::abs(lse[r]))) << label << " split row " << r;
+  }
   std::printf("%-10s int8 values%s: output error %.2e (cache %.2e)\n", label,
               keys == kvq::KeyScoring::int8_query ? " + int8 query" : "", err, cache_err);
 }
