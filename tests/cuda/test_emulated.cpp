@@ -205,6 +205,8 @@ struct Run {
   // Device-side table checks (DeviceError), each expecting its flag:
   int bad_table_seq = -1;   // ≥ 0: that sequence's last_page_len is page_size + 1 in the kernel's
                             // table (kBadPageTable): its rows must come out empty (o = 0, lse −∞)
+  bool padded_empty = false;  // empty sequences' last_page_len is page_size (batch padding, as
+                              // engines fill it): not flagged, nothing read
   bool bad_q_indptr = false;  // the last sequence's q_indptr run ends past total_q (kBadQueryRows):
                               // its rows must stay unwritten
   int max_q_per_seq = 0;      // > 0: passed instead of the longest run; with runs longer than
@@ -305,6 +307,9 @@ void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
     ASSERT_GT(tab.lens[run.bad_table_seq], 0);
     kernel_tab.last[run.bad_table_seq] = tab.page_size + 1;
   }
+  if (run.padded_empty)
+    for (std::size_t b = 0; b < tab.lens.size(); ++b)
+      if (tab.lens[b] == 0) kernel_tab.last[b] = tab.page_size;
   a.table = kernel_tab.host();
   std::vector<std::int32_t> kernel_qi = qs.indptr;
   if (run.bad_q_indptr) kernel_qi.back() = qs.total + 3;
@@ -597,14 +602,15 @@ TEST(CudaEmulated, AppendRejectsOutOfRange) {
   flags = 0;
   emu_append(a, 2, 1);
   EXPECT_EQ(flags, unsigned(cuda::kBadPosition | cuda::kBadBatchIndex));
-  // A table whose last_page_len says more tokens than the sequence's pages hold: position
-  // 17 would pass a bound of 16 + 17 and land in the next sequence's page.
+  // A table whose last_page_len says more tokens than the sequence's one page holds:
+  // position 16 passes the bound of 17 it gives, and page 16 / 16 = 1 of sequence 0 is
+  // sequence 1's first page.
   RaggedTable bad = tab;
   bad.last[0] = 17;
-  const std::vector<std::int32_t> b0 = {0}, p17 = {17};
+  const std::vector<std::int32_t> b0 = {0}, p16 = {16};
   flags = 0;
   cuda::AppendArgs<P, half_t> a0{{pool.data(), tab.num_pages, layout}, bad.host(), rows.data(), rows.data(), 1,
-                                 b0.data(), p17.data(), rot.host(), &flags};
+                                 b0.data(), p16.data(), rot.host(), &flags};
   emu_append(a0, 2, 2);
   EXPECT_EQ(flags, unsigned(cuda::kBadPageTable));
   EXPECT_TRUE(std::all_of(pool.begin(), pool.end(), [](std::byte x) { return x == std::byte{0xA5}; }));
@@ -819,7 +825,8 @@ TEST(CudaEmulated, BadPageIndexIsSkippedAndFlagged) {
 // no key: o = 0, lse −∞), a q_indptr run past total_q leaves that sequence's rows
 // unwritten (q and out are never read or written outside their rows), and rows past
 // the grid that max_q_per_seq sized are not computed; every other row is the
-// reference's. Both kernels, with and without splits.
+// reference's. An empty sequence padded with last_page_len = page_size is not flagged.
+// Both kernels, with and without splits.
 TEST(CudaEmulated, BadTablesAndQueryRunsAreFlagged) {
   constexpr Policy P = presets::K4V2_HC.with_head_dim(128);
   const Case c{2, 4, 16, {40, 77, 0, 129}, {1, 2, 1, 3}, 1, false, false};
@@ -830,6 +837,7 @@ TEST(CudaEmulated, BadTablesAndQueryRunsAreFlagged) {
     check_decode<P, half_t>(split, 151, {.kernel = kernel, .bad_table_seq = 3});
     check_decode<P, half_t>(c, 152, {.kernel = kernel, .bad_q_indptr = true});
     check_decode<P, half_t>(c, 153, {.kernel = kernel, .max_q_per_seq = 1});  // runs of 2 and 3 tokens
+    check_decode<P, half_t>(split, 155, {.kernel = kernel, .padded_empty = true});  // sequence 2: no flag
   }
   // The tensor-core kernel merges its splits in the kernel: a skipped run stays unwritten.
   check_decode<P, half_t>(split, 154, {.kernel = cuda::DecodeKernel::tensor_core, .bad_q_indptr = true});

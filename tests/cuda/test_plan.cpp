@@ -142,12 +142,22 @@ TEST(CudaPlan, TensorCoreKernelChoice) {
   EXPECT_EQ(plan.row_tiles, 3);
   EXPECT_EQ(plan.grid.x, 6u);
   // The in-kernel merge has kSplitCounters arrival counters: more tiles with splits are
-  // refused (suggest_num_splits never splits such grids).
+  // refused, or left to the CUDA-core kernel by `automatic` (suggest_num_splits never
+  // splits such grids).
   s.num_splits = 2;
   s.max_q_per_seq = 1, s.total_q = 1 << 16, s.batch = 1 << 16;  // × 4 KV heads
   EXPECT_EQ(make_decode_plan(s, plan).code(), StatusCode::invalid_argument);
+  s.kernel = DecodeKernel::automatic;
+  ASSERT_TRUE(make_decode_plan(s, plan).ok());
+  EXPECT_EQ(plan.kernel, DecodeKernel::simt);
+  s.batch = 1 << 30, s.max_q_per_seq = 1 << 30, s.total_q = 1 << 30;  // no overflow on the way
+  EXPECT_FALSE(make_decode_plan(s, plan).ok());
+  s.kernel = DecodeKernel::tensor_core;
+  EXPECT_EQ(make_decode_plan(s, plan).code(), StatusCode::invalid_argument);
+  s.batch = 1 << 16, s.max_q_per_seq = 1, s.total_q = 1 << 16;
   s.num_kv_heads = 1, s.num_qo_heads = 4;
   ASSERT_TRUE(make_decode_plan(s, plan).ok());  // exactly kSplitCounters tiles
+  EXPECT_EQ(plan.kernel, DecodeKernel::tensor_core);
   EXPECT_EQ(suggest_num_splits(1 << 16, 1, 1, 32768, 132, 256, 16), 1);
   // Which policies the kernel serves.
   static_assert(DecodeArgs<presets::K2V2_HC, half_t, half_t>::kTensorCoreOk);

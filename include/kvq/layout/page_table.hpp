@@ -25,13 +25,12 @@ struct PageTableView {
   int page_size = 16;
 
   KVQ_HOST_DEVICE int num_pages(int b) const { return indptr[b + 1] - indptr[b]; }
-  // Whether sequence b's entries agree (pages ≥ 0; last_page_len in [1, page_size], or 0
-  // for no pages): validate_page_table's check of one sequence, for kernels that read a
-  // table in device memory.
-  KVQ_HOST_DEVICE bool seq_consistent(int b) const {
-    const int n = num_pages(b), last = last_page_len[b];
-    return n == 0 ? last == 0 : (n > 0 && last >= 1 && last <= page_size);
-  }
+  // Whether every token sequence b counts lies in one of its pages (pages ≥ 0,
+  // last_page_len ≤ page_size): what a kernel must know before it walks a table in device
+  // memory. Looser than validate_page_table, on purpose: an empty sequence's
+  // last_page_len (batch padding) and a last page counted as empty (last_page_len ≤ 0:
+  // seq_len counts what the formula says, at least 0) read nothing outside the table.
+  KVQ_HOST_DEVICE bool seq_within_pages(int b) const { return num_pages(b) >= 0 && last_page_len[b] <= page_size; }
   KVQ_HOST_DEVICE int seq_len(int b) const {
     const int n = num_pages(b);
     return n == 0 ? 0 : (n - 1) * page_size + last_page_len[b];
@@ -89,10 +88,12 @@ inline Status validate_page_table(const PageTableView& t, int num_pages) {
   if (t.batch_size == 0) return {};
   KVQ_CHECK_ARG(t.indptr[0] == 0, invalid_argument, "page table: indptr[0] must be 0");
   for (int b = 0; b < t.batch_size; ++b) {
-    if (t.num_pages(b) < 0)
+    const int n = t.num_pages(b);
+    if (n < 0)
       return {invalid_argument, "page table: indptr must be non-decreasing (sequence " + std::to_string(b) + ")"};
-    if (!t.seq_consistent(b))
-      return {out_of_range, "page table: last_page_len[" + std::to_string(b) + "] = " + std::to_string(t.last_page_len[b]) +
+    const int last = t.last_page_len[b];
+    if (n == 0 ? last != 0 : (last < 1 || last > t.page_size))
+      return {out_of_range, "page table: last_page_len[" + std::to_string(b) + "] = " + std::to_string(last) +
                                 " must be in [1, page_size] for a non-empty sequence and 0 for an empty one"};
   }
   KVQ_CHECK_ARG(t.indptr[t.batch_size] == 0 || t.indices, invalid_argument, "page table: indices is null");

@@ -482,8 +482,9 @@ __device__ __forceinline__ RowTile row_tile(const KP& a, int R) {
   const int q1 = a.p.q_indptr[t.b + 1];
   unsigned error = 0;
   // Tables in device memory are checked here (DeviceError): a run outside [0, total_q]
-  // would read q and write out past their ends, a bad last_page_len reach into the next
-  // sequence's pages. Every split of a tile decides alike, so the arrival counts agree.
+  // would read q and write out past their ends, a last_page_len past the page size reach
+  // into the next sequence's pages. Every split of a tile decides alike, so the arrival
+  // counts agree.
   int nq = q1 - t.q0;
   if (t.q0 < 0 || nq < 0 || q1 > a.total_q) error |= kBadQueryRows, nq = 0;
   const long long rows_total = static_cast<long long>(nq) * t.group;
@@ -491,9 +492,10 @@ __device__ __forceinline__ RowTile row_tile(const KP& a, int R) {
   t.r0 = (blockIdx.x % a.row_tiles) * R;
   t.rows = rows_total - t.r0 < R ? static_cast<int>(rows_total - t.r0) : R;
   if (t.rows < 0) t.rows = 0;
-  const bool table_ok = a.table.seq_consistent(t.b);
+  const bool table_ok = a.table.seq_within_pages(t.b);
   if (!table_ok) error |= kBadPageTable;
-  t.len = table_ok ? a.table.seq_len(t.b) : 0;
+  const int len = a.table.seq_len(t.b);
+  t.len = table_ok && len > 0 ? len : 0;
   if (error && a.error_flags && threadIdx.x == 0) atomicOr(a.error_flags, error);
   t.pages = a.table.indices + a.table.indptr[t.b];
   const int ps = a.table.page_size;

@@ -33,7 +33,7 @@ __device__ __forceinline__ SlotRef locate(const PageTableView& t, int num_pages,
   SlotRef r;
   if (b < 0 || b >= t.batch_size) {
     r.error = kBadBatchIndex;
-  } else if (!t.seq_consistent(b)) {
+  } else if (!t.seq_within_pages(b)) {
     r.error = kBadPageTable;
   } else if (pos < 0 || pos >= t.seq_len(b)) {
     r.error = kBadPosition;

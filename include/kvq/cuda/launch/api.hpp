@@ -131,7 +131,9 @@ struct RotateArgs {
 //                   kernel with arrival counters at its start, which every launch leaves
 //                   zero and no call's partials overlap, so one workspace serves calls of
 //                   every shape and kernel (one workspace per stream; launches that share
-//                   it must not overlap)
+//                   it must not overlap). With splits, the tensor-core kernel takes at most
+//                   kSplitCounters (65536) sequence × row tile × KV head tiles: past them
+//                   `automatic` runs the CUDA-core kernel, an explicit tensor_core is refused
 //   kernel        : simt or tensor_core (see DecodeKernel in plan.hpp); asking for
 //                   tensor_core where kTensorCoreOk is false returns `unsupported`
 //                   (which caches have one: kvq/cuda/traits/tensor_core.hpp)

@@ -101,11 +101,22 @@ inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
                 "decode plan: no tensor-core kernel for this cache (it serves quantized policies with "
                 "key group x bits >= 64 and value group x bits >= 128, and fp16/bf16 caches)");
   const int group = s.num_qo_heads / s.num_kv_heads;
-  const bool simt = s.kernel == DecodeKernel::simt || (s.kernel == DecodeKernel::automatic && !s.tensor_core_ok);
-  plan.kernel = simt ? DecodeKernel::simt : DecodeKernel::tensor_core;
   // A sequence's query run never exceeds total_q: a looser bound would only add CTAs.
   const int q_cap = s.total_q > 1 ? s.total_q : 1;
   const int max_q = s.max_q_per_seq < q_cap ? s.max_q_per_seq : q_cap;
+  // The tensor-core kernel merges splits with one arrival counter per (sequence, row
+  // tile, KV head) tile, kSplitCounters at most: past them `automatic` takes the CUDA-core
+  // kernel (such grids fill the GPU unsplit anyway), an explicit tensor_core is refused.
+  const long long mma_row_tiles = (static_cast<long long>(group) * max_q + kMmaRows - 1) / kMmaRows;
+  const long long counters = static_cast<long long>(kSplitCounters);
+  const bool counters_ok = s.num_splits == 1 || (mma_row_tiles <= counters && s.batch <= counters / mma_row_tiles &&
+                                                 s.batch * mma_row_tiles * s.num_kv_heads <= counters);
+  KVQ_CHECK_ARG(s.kernel != DecodeKernel::tensor_core || counters_ok, invalid_argument,
+                "decode plan: num_splits > 1 with the tensor-core kernel takes at most " + std::to_string(counters) +
+                    " (sequence, row tile, KV head) tiles (use num_splits = 1: such grids fill the GPU)");
+  const bool simt = s.kernel == DecodeKernel::simt ||
+                    (s.kernel == DecodeKernel::automatic && (!s.tensor_core_ok || !counters_ok));
+  plan.kernel = simt ? DecodeKernel::simt : DecodeKernel::tensor_core;
   plan.rows = plan.kernel == DecodeKernel::tensor_core ? kMmaRows : choose_rows_per_cta(s.head_dim, group, max_q);
   const long long row_tiles = (static_cast<long long>(group) * max_q + plan.rows - 1) / plan.rows;
   const long long x = static_cast<long long>(s.batch) * row_tiles;
@@ -119,12 +130,7 @@ inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
     plan.counter_bytes = kSplitCounterBytes;
     plan.partial_o_bytes = split_partial_o_bytes(s.num_splits, rows_total, s.head_dim);
     plan.partial_lse_bytes = split_partial_lse_bytes(s.num_splits, rows_total);
-    if (plan.kernel == DecodeKernel::tensor_core) {
-      KVQ_CHECK_ARG(std::size_t(x) * s.num_kv_heads <= kSplitCounters, invalid_argument,
-                    "decode plan: num_splits > 1 with the tensor-core kernel takes at most " +
-                        std::to_string(kSplitCounters) + " (sequence, row tile, KV head) tiles, got " +
-                        std::to_string(x * s.num_kv_heads) + " (use num_splits = 1: such grids fill the GPU)");
-    } else {
+    if (plan.kernel != DecodeKernel::tensor_core) {
       const std::size_t warps_per_block = plan.merge_block / 32;
       const std::size_t blocks = (rows_total + warps_per_block - 1) / warps_per_block;
       KVQ_CHECK_ARG(blocks < (1ull << 31), invalid_argument, "decode plan: too many rows for the merge grid");
