@@ -104,10 +104,11 @@ inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
   // A sequence's query run never exceeds total_q: a looser bound would only add CTAs.
   const int q_cap = s.total_q > 1 ? s.total_q : 1;
   const int max_q = s.max_q_per_seq < q_cap ? s.max_q_per_seq : q_cap;
+  auto row_tiles_of = [&](int rows) { return (static_cast<long long>(group) * max_q + rows - 1) / rows; };
   // The tensor-core kernel merges splits with one arrival counter per (sequence, row
   // tile, KV head) tile, kSplitCounters at most: past them `automatic` takes the CUDA-core
   // kernel (such grids fill the GPU unsplit anyway), an explicit tensor_core is refused.
-  const long long mma_row_tiles = (static_cast<long long>(group) * max_q + kMmaRows - 1) / kMmaRows;
+  const long long mma_row_tiles = row_tiles_of(kMmaRows);
   const long long counters = static_cast<long long>(kSplitCounters);
   const bool counters_ok = s.num_splits == 1 || (mma_row_tiles <= counters && s.batch <= counters / mma_row_tiles &&
                                                  s.batch * mma_row_tiles * s.num_kv_heads <= counters);
@@ -118,7 +119,7 @@ inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
                     (s.kernel == DecodeKernel::automatic && (!s.tensor_core_ok || !counters_ok));
   plan.kernel = simt ? DecodeKernel::simt : DecodeKernel::tensor_core;
   plan.rows = plan.kernel == DecodeKernel::tensor_core ? kMmaRows : choose_rows_per_cta(s.head_dim, group, max_q);
-  const long long row_tiles = (static_cast<long long>(group) * max_q + plan.rows - 1) / plan.rows;
+  const long long row_tiles = row_tiles_of(plan.rows);
   const long long x = static_cast<long long>(s.batch) * row_tiles;
   KVQ_CHECK_ARG(x < (1ll << 31), invalid_argument, "decode plan: batch × row tiles exceeds the grid limit");
   plan.row_tiles = static_cast<int>(row_tiles);
