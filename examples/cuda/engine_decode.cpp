@@ -107,29 +107,30 @@ struct PagedPart {
     }
     return first;
   }
-  kvq::PageTableView sync() {  // upload the CSR table; returns its device view
-    std::vector<std::int32_t> indptr{0}, indices, last;
-    for (std::size_t b = 0; b < pages.size(); ++b) {
-      indices.insert(indices.end(), pages[b].begin(), pages[b].end());
-      indptr.push_back(int(indices.size()));
-      last.push_back(len[b] == 0 ? 0 : len[b] - (int(pages[b].size()) - 1) * page_size);
-    }
-    upload(d_indptr, indptr);
-    upload(d_indices, indices);
-    upload(d_last, last);
-    return {d_indptr, d_indices, d_last, int(pages.size()), page_size};
-  }
+  // The CSR table on the host, on kvq's contract (validate_page_table): a sequence lists
+  // the ceil(len / page_size) pages its tokens occupy, so its last_page_len is in
+  // [1, page_size] (0 when empty). Pages it keeps beyond those (a recent window rebuilt
+  // shorter) stay reserved for it and are listed again as it grows.
   kvq::PageTableView host_view(std::vector<std::int32_t>& indptr, std::vector<std::int32_t>& indices,
                                std::vector<std::int32_t>& last) const {
     indptr = {0};
     indices.clear();
     last.clear();
     for (std::size_t b = 0; b < pages.size(); ++b) {
-      indices.insert(indices.end(), pages[b].begin(), pages[b].end());
+      const int used = (len[b] + page_size - 1) / page_size;
+      indices.insert(indices.end(), pages[b].begin(), pages[b].begin() + used);
       indptr.push_back(int(indices.size()));
-      last.push_back(len[b] == 0 ? 0 : len[b] - (int(pages[b].size()) - 1) * page_size);
+      last.push_back(len[b] - std::max(used - 1, 0) * page_size);
     }
     return {indptr.data(), indices.data(), last.data(), int(pages.size()), page_size};
+  }
+  kvq::PageTableView sync() {  // checks and uploads the CSR table; returns its device view
+    std::vector<std::int32_t> indptr, indices, last;
+    CHECK_OK(kvq::validate_page_table(host_view(indptr, indices, last), capacity));
+    upload(d_indptr, indptr);
+    upload(d_indices, indices);
+    upload(d_last, last);
+    return {d_indptr, d_indices, d_last, int(pages.size()), page_size};
   }
 };
 
