@@ -333,6 +333,8 @@ struct DecodeKernelParams {
   RotationParams rotation;
   int num_splits;
   int row_tiles;
+  int tile_rows;  // query rows per CTA (the decode kernel's R): a sequence's rows past
+                  // row_tiles·tile_rows per KV head are not computed (kBadQueryRows)
   int total_q;
   float tau;             // softmax scale τ
   float* partial_o;      // [S][total_q][Hq][D] when num_splits > 1
@@ -755,7 +757,29 @@ __device__ __forceinline__ void merge_split_rows(const KP& a, const std::size_t*
   }
 }
 
-// The split merge as its own launch (after the CUDA-core kernel): one warp per row.
+// Whether the decode grid computed output row (query token qt, query head j): row_tile's
+// checks seen from the row. The sequence is the last b with q_indptr[b] ≤ qt (runs do not
+// decrease unless one is flagged); its run must lie in [0, total_q] and hold qt, and the
+// row must fall inside the grid that max_q_per_seq sized.
+template <class KP>
+__device__ __forceinline__ bool row_in_grid(const KP& a, int qt, int j) {
+  if (a.table.batch_size <= 0) return false;
+  int lo = 0, hi = a.table.batch_size;  // the sequence lies in [lo, hi)
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    if (a.p.q_indptr[mid] <= qt) lo = mid;
+    else hi = mid;
+  }
+  const int q0 = a.p.q_indptr[lo], q1 = a.p.q_indptr[lo + 1];
+  if (q0 < 0 || q1 > a.total_q || qt < q0 || qt >= q1) return false;
+  const int group = a.p.num_qo_heads / a.src.num_kv_heads();
+  const long long r = static_cast<long long>(qt - q0) * group + j % group;
+  return r < static_cast<long long>(a.row_tiles) * a.tile_rows;
+}
+
+// The split merge as its own launch (after the CUDA-core kernel): one warp per row. Rows
+// the decode grid did not compute (a flagged q_indptr run, rows past the grid) have no
+// partials and stay unwritten, as with the in-kernel merge.
 template <class KP>
 __global__ void __launch_bounds__(128) split_merge_kernel(KP a) {
   __shared__ float scratch[4][KP::source_type::D];
@@ -764,6 +788,8 @@ __global__ void __launch_bounds__(128) split_merge_kernel(KP a) {
   const int w = threadIdx.x / 32;
   const std::size_t item = std::size_t(blockIdx.x) * 4 + w;
   if (item >= std::size_t(a.total_q) * a.p.num_qo_heads) return;
+  if (!row_in_grid(a, static_cast<int>(item / a.p.num_qo_heads), static_cast<int>(item % a.p.num_qo_heads)))
+    return;  // warp-uniform
   float* const row_scratch = scratch[w];
   merge_split_rows<KP, 1>(a, &item, 1, &row_scratch);
 }
@@ -976,14 +1002,16 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
 }
 
 // Kernel parameters of one decode call (shared by the launchers and the host emulator).
-// row_tiles: CTAs per (sequence, KV head, split) (DecodePlan::row_tiles); workspace: the
+// row_tiles, tile_rows: CTAs per (sequence, KV head, split) and query rows per CTA
+// (DecodePlan::row_tiles, rows); workspace: the
 // split-KV workspace laid out as kvq/cuda/traits/geometry.hpp describes (null when
 // num_splits == 1); merge_in_kernel: the kernel merges its splits (with the arrival
 // counters at the start of the workspace).
 template <class Src, ActivationType QT, ActivationType OT>
 DecodeKernelParams<Src, QT, OT> make_decode_params(const Src& src, const PageTableView& table,
                                                   const DecodeParams<QT, OT>& p, const RotationParams& r,
-                                                  int num_splits, int row_tiles, int total_q, void* workspace,
+                                                  int num_splits, int row_tiles, int tile_rows, int total_q,
+                                                  void* workspace,
                                                   unsigned* error_flags, bool merge_in_kernel = false) {
   DecodeKernelParams<Src, QT, OT> kp{};
   kp.src = src;
@@ -992,6 +1020,7 @@ DecodeKernelParams<Src, QT, OT> make_decode_params(const Src& src, const PageTab
   kp.rotation = r;
   kp.num_splits = num_splits;
   kp.row_tiles = row_tiles;
+  kp.tile_rows = tile_rows;
   kp.total_q = total_q;
   kp.tau = p.scale(Src::D);
   const std::size_t rows = std::size_t(total_q) * p.num_qo_heads;

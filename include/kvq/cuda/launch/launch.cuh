@@ -207,14 +207,14 @@ namespace detail {
 template <Policy P, ActivationType QT, ActivationType OT>
 auto decode_kernel_params(const DecodeArgs<P, QT, OT>& a, const DecodePlan& plan) {
   const kernel::QuantSource<P> src{a.cache.pool, a.cache.num_pages, a.cache.layout};
-  return kernel::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles, a.total_q,
-                                    a.workspace, a.error_flags, plan.merge_grid.x == 0);
+  return kernel::make_decode_params(src, a.table, a.params, a.rotation, a.num_splits, plan.row_tiles, plan.rows,
+                                    a.total_q, a.workspace, a.error_flags, plan.merge_grid.x == 0);
 }
 template <ActivationType T, int D, ActivationType QT, ActivationType OT>
 auto decode_kernel_params(const DenseDecodeArgs<T, D, QT, OT>& a, const DecodePlan& plan) {
   const kernel::DenseSource<T, D> src{a.pool, a.num_pages, a.layout};
   return kernel::make_decode_params(src, a.table, a.params, RotationParams{}, a.num_splits, plan.row_tiles,
-                                    a.total_q, a.workspace, a.error_flags, plan.merge_grid.x == 0);
+                                    plan.rows, a.total_q, a.workspace, a.error_flags, plan.merge_grid.x == 0);
 }
 template <class Args>
 using decode_kernel_params_t = decltype(decode_kernel_params(std::declval<const Args&>(), DecodePlan{}));

@@ -15,9 +15,7 @@ enum DeviceError : unsigned {
   kBadQueryRows = 16u,  // decode: a sequence's q_indptr run leaves [0, total_q] (its rows
                         // are skipped), or has more rows than max_q_per_seq lets the
                         // grid cover (the rows past them are not computed). Such rows are
-                        // left unwritten, but for the CUDA-core kernel's separate split
-                        // merge (num_splits > 1), which writes every row from whatever
-                        // partials the workspace holds: undefined values, flagged
+                        // left unwritten by both kernels and both split merges
 };
 
 }  // namespace kvq::cuda
