@@ -333,8 +333,6 @@ struct DecodeKernelParams {
   RotationParams rotation;
   int num_splits;
   int row_tiles;
-  int tile_rows;  // query rows per CTA (the decode kernel's R): a sequence's rows past
-                  // row_tiles·tile_rows per KV head are not computed (kBadQueryRows)
   int total_q;
   float tau;             // softmax scale τ
   float* partial_o;      // [S][total_q][Hq][D] when num_splits > 1
@@ -342,6 +340,11 @@ struct DecodeKernelParams {
   unsigned* split_counters;  // arrivals per CTA tile: the kernel merges its splits (null: a
                              // separate split_merge_kernel does)
   unsigned* error_flags;
+  // Query rows per CTA (the decode kernel's R): a sequence's rows past row_tiles·tile_rows
+  // per KV head are not computed (kBadQueryRows). Last: placed beside row_tiles, it moved
+  // ptxas' register allocation of the CUDA-core K4V2 4-row kernel (136 → 128 registers,
+  // 8 bytes spilled), which never reads it.
+  int tile_rows;
 };
 
 template <class Src, int R>
