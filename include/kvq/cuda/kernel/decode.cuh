@@ -1006,10 +1006,9 @@ __global__ void __launch_bounds__(DecodeConfig<typename KP::source_type, R>::NW 
 
 // Kernel parameters of one decode call (shared by the launchers and the host emulator).
 // row_tiles, tile_rows: CTAs per (sequence, KV head, split) and query rows per CTA
-// (DecodePlan::row_tiles, rows); workspace: the
-// split-KV workspace laid out as kvq/cuda/traits/geometry.hpp describes (null when
-// num_splits == 1); merge_in_kernel: the kernel merges its splits (with the arrival
-// counters at the start of the workspace).
+// (DecodePlan::row_tiles, rows); workspace: the split-KV workspace laid out as
+// kvq/cuda/traits/geometry.hpp describes (null when num_splits == 1); merge_in_kernel:
+// the kernel merges its splits (with the arrival counters at the start of the workspace).
 template <class Src, ActivationType QT, ActivationType OT>
 DecodeKernelParams<Src, QT, OT> make_decode_params(const Src& src, const PageTableView& table,
                                                   const DecodeParams<QT, OT>& p, const RotationParams& r,
