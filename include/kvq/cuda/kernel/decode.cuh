@@ -475,11 +475,6 @@ struct RowTile {
   int tile_pages = 0;
 };
 
-// Whether a sequence's q_indptr run [q0, q1) lies in [0, total_q] (kBadQueryRows if not).
-__device__ __forceinline__ bool query_run_ok(int q0, int q1, int total_q) {
-  return !(q0 < 0 || q1 - q0 < 0 || q1 > total_q);
-}
-
 template <class KP>
 __device__ __forceinline__ RowTile row_tile(const KP& a, int R) {
   RowTile t;
@@ -496,7 +491,7 @@ __device__ __forceinline__ RowTile row_tile(const KP& a, int R) {
   // into the next sequence's pages. Every split of a tile decides alike, so the arrival
   // counts agree.
   int nq = q1 - t.q0;
-  if (!query_run_ok(t.q0, q1, a.total_q)) error |= kBadQueryRows, nq = 0;
+  if (t.q0 < 0 || nq < 0 || q1 > a.total_q) error |= kBadQueryRows, nq = 0;
   const long long rows_total = static_cast<long long>(nq) * t.group;
   if (rows_total > static_cast<long long>(a.row_tiles) * R) error |= kBadQueryRows;
   t.r0 = (blockIdx.x % a.row_tiles) * R;
@@ -779,7 +774,7 @@ __device__ __forceinline__ bool row_in_grid(const KP& a, int qt, int j) {
     else hi = mid;
   }
   const int q0 = a.p.q_indptr[lo], q1 = a.p.q_indptr[lo + 1];
-  if (!query_run_ok(q0, q1, a.total_q) || qt < q0 || qt >= q1) return false;
+  if (q0 < 0 || q1 > a.total_q || qt < q0 || qt >= q1) return false;
   const int group = a.p.num_qo_heads / a.src.num_kv_heads();
   const long long r = static_cast<long long>(qt - q0) * group + j % group;
   return r < static_cast<long long>(a.row_tiles) * a.tile_rows;
