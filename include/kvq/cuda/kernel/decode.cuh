@@ -763,7 +763,9 @@ __device__ __forceinline__ void merge_split_rows(const KP& a, const std::size_t*
 // Whether the decode grid computed output row (query token qt, query head j): row_tile's
 // checks seen from the row. The sequence is the last b with q_indptr[b] ≤ qt (runs do not
 // decrease unless one is flagged); its run must lie in [0, total_q] and hold qt, and the
-// row must fall inside the grid that max_q_per_seq sized.
+// row must fall inside the grid that max_q_per_seq sized. (row_tile's run check is
+// written out again on purpose: one shared helper moved ptxas' allocation of the
+// tensor-core K4V4 kernel, one more spill instruction in its token loop.)
 template <class KP>
 __device__ __forceinline__ bool row_in_grid(const KP& a, int qt, int j) {
   if (a.table.batch_size <= 0) return false;
