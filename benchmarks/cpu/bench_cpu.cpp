@@ -9,9 +9,9 @@
 // Decode benchmarks take {tokens, state}. Warm (state 0) reads the same cache every
 // iteration, so a cache that fits the last-level cache (a 2-bit cache of 32K tokens is
 // 5–8 MB) is served from it. Cold (state 1) gives each iteration the next of enough
-// copies of the cache (≥ 256 MiB in all) that every read comes from DRAM, as one layer's
-// cache does in a model's decode step; compare cold runs with BM_ReadBandwidth. State 2
-// is cold on transparent huge pages (fewer TLB misses).
+// copies of the cache (cold_bytes() in all) that every read comes from DRAM, as one layer's
+// cache does in a model's decode step; compare cold runs with BM_ReadBandwidth, which reads
+// as many bytes. State 2 is cold on transparent huge pages (fewer TLB misses).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -42,19 +42,30 @@ std::vector<float> normal(std::size_t n, std::uint32_t seed) {
   return v;
 }
 
+// The bytes a cold decode cycles through, and the roofline reads: ≥ 256 MiB and ≥ twice
+// the largest cache Google Benchmark reports. A fixed 64 MiB was beyond the Zen 4's 32 MiB
+// L3, but a 2-core VM of a Xeon host that reports a 480 MiB L3 (2026-12-07) read it at
+// 18–22 GB/s against 10–12 GB/s over 256 MiB–2 GiB: partly from the L3, while the cold
+// decodes read from DRAM.
+std::size_t cold_bytes() {
+  std::size_t largest_cache = 0;
+  for (const auto& c : benchmark::CPUInfo::Get().caches) largest_cache = std::max(largest_cache, std::size_t(c.size));
+  return std::max(std::size_t(256) << 20, 2 * largest_cache);
+}
+
 // Copies of a cache pool, each 2 MiB-aligned as an engine's pool would be (a vector's
 // buffer starts 16 bytes past a page boundary, so every 4 KB region of a page straddles
 // two OS pages: cold fp16 pages ran ~10% slower): one when warm (kWarm), ≥ kColdBytes in
-// all when cold; with kColdHugePages each copy also asks for transparent huge pages
+// all when cold (cold_bytes()); with kColdHugePages each copy also asks for transparent huge pages
 // (madvise(MADV_HUGEPAGE), Linux). next() hands them out in turn.
 enum CacheState : int { kWarm = 0, kCold = 1, kColdHugePages = 2 };
 class PoolCopies {
  public:
-  static constexpr std::size_t kColdBytes = std::size_t(256) << 20, kHugePage = std::size_t(2) << 20;
+  static constexpr std::size_t kHugePage = std::size_t(2) << 20;
   PoolCopies() = default;
   PoolCopies(const std::vector<std::byte>& pool, int state) {
     const std::size_t bytes = std::max<std::size_t>((pool.size() + kHugePage - 1) / kHugePage * kHugePage, kHugePage);
-    const std::size_t count = state == kWarm ? 1 : std::max<std::size_t>(2, (kColdBytes + bytes - 1) / bytes);
+    const std::size_t count = state == kWarm ? 1 : std::max<std::size_t>(2, (cold_bytes() + bytes - 1) / bytes);
     for (std::size_t i = 0; i < count; ++i) {
       copies_.emplace_back(static_cast<std::byte*>(std::aligned_alloc(kHugePage, bytes)));
       if (!copies_.back()) throw std::bad_alloc();
@@ -242,15 +253,17 @@ void BM_DecodeShapeFp16(benchmark::State& state) {
   set_fp16_counters(state, tokens, D);
 }
 
-// Memory roofline: one pass reading a buffer of `range(0)` bytes (sum of 64-bit words).
+// Memory roofline: one pass reading a buffer of cold_bytes() (sum of 64-bit words).
 void BM_ReadBandwidth(benchmark::State& state) {
-  std::vector<std::uint64_t> buf(std::size_t(state.range(0)) / 8, 1);
+  const std::size_t bytes = cold_bytes();
+  std::vector<std::uint64_t> buf(bytes / 8, 1);
   for (auto _ : state) {
     std::uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     for (std::size_t i = 0; i + 4 <= buf.size(); i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
     benchmark::DoNotOptimize(s0 + s1 + s2 + s3);
   }
-  state.counters["GB/s"] = benchmark::Counter(double(state.range(0)) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] = benchmark::Counter(double(bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["MiB"] = double(bytes >> 20);
 }
 
 // range(1) > 0: the task-split append on that many OpenMP threads, one task each.
@@ -388,7 +401,7 @@ BENCHMARK(BM_DecodeShape<kvq::presets::K2V2.with_head_dim(256)>) KVQ_SHAPES;
 BENCHMARK(BM_DecodeQuantizedThreads<kvq::presets::K4V2, kInt8, kInt8Values>)->Args({32768, 1})->Args({32768, 2})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeQuantizedThreads<kvq::presets::K2V2, kInt8, kInt8Values>)->Args({32768, 1})->Args({32768, 2})->UseRealTime()->Unit(benchmark::kMicrosecond);
 #endif
-BENCHMARK(BM_ReadBandwidth)->Arg(64 << 20)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ReadBandwidth)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AppendFp16Copy)->Arg(4096)->Unit(benchmark::kMicrosecond);
 #define KVQ_APPEND_ARGS ->Args({4096, 0})->Args({4096, 1})->Args({4096, 2})->UseRealTime()->Unit(benchmark::kMicrosecond)
 BENCHMARK(BM_AppendQuantized<kvq::presets::K4V2>) KVQ_APPEND_ARGS;
@@ -414,6 +427,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("kvq_cpu_isa", kvq::cpu::isa_name());
   benchmark::AddCustomContext("kvq_cpu_float_lanes", std::to_string(kvq::cpu::kNativeFloatLanes));
   benchmark::AddCustomContext("kvq_cpu_logit_lanes", std::to_string(kvq::cpu::kLogitFloatLanes));
+  benchmark::AddCustomContext("kvq_cpu_fwht_bits", std::to_string(KVQ_CPU_FWHT_BITS));
   benchmark::AddCustomContext("kvq_cpu_prefetch_locality", std::to_string(KVQ_CPU_PREFETCH_LOCALITY));
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -90,6 +90,21 @@ static_assert(KVQ_CPU_FP32_LOGIT_BITS == 256 || KVQ_CPU_FP32_LOGIT_BITS == 512,
 inline constexpr int kLogitFloatLanes =
     kNativeFloatLanes < KVQ_CPU_FP32_LOGIT_BITS / 32 ? kNativeFloatLanes : KVQ_CPU_FP32_LOGIT_BITS / 32;
 
+// The width of the append's FWHT vectors (kvq/cpu/quantize.hpp), in bits: 512 or 256 with
+// AVX-512, 256 with AVX2 alone. At d 128 sixteen ymm take 160 instructions (3 in-vector
+// stages of a permute and an FMA, 4 between vectors of one add or subtract), eight zmm 88
+// (4 and 3). A Zen 4 issues a zmm as two ymm halves, and there the ymm form was faster
+// (a K2V2_HC row 83 → 76 cycles, 2026-12-05); a core with full-width 512-bit pipes issues
+// the 88 at the ymm's rate. The default follows -mtune as the logits' width does.
+#ifndef KVQ_CPU_FWHT_BITS
+#if defined(__AVX512F__) && !(defined(__tune_znver4__) || defined(__tune_znver3__))
+#define KVQ_CPU_FWHT_BITS 512
+#else
+#define KVQ_CPU_FWHT_BITS 256
+#endif
+#endif
+static_assert(KVQ_CPU_FWHT_BITS == 256 || KVQ_CPU_FWHT_BITS == 512, "kvq: KVQ_CPU_FWHT_BITS must be 256 or 512");
+
 // The paths this translation unit was built with, for benchmark and log headers.
 constexpr const char* isa_name() {
   if constexpr (KVQ_CPU_AVX512_VNNI && KVQ_CPU_AVX512_VBMI) return KVQ_CPU_F16C ? "avx512+vnni+vbmi+f16c" : "avx512+vnni+vbmi";

@@ -30,7 +30,8 @@
 //             pattern, a group per lane, instead of by the scalar's all-pairs ranking,
 //             detail::clip_rows), then the scalar's two compares per element.
 // The quantizer runs 16 lanes wide with AVX-512 and 8 wide with AVX2 + F16C
-// (detail::AppendSimd), the FWHT 8 wide with either (detail::FwhtSimd); without them,
+// (detail::AppendSimd), the FWHT 8 or, with AVX-512 and KVQ_CPU_FWHT_BITS = 512 (the
+// default off Zen 4), 16 wide (detail::FwhtSimd); without them,
 // everything is the scalar path. The `*_generic` names are that path, always compiled,
 // for tests/cpu to compare against.
 #pragma once
@@ -345,12 +346,16 @@ struct AppendSimd256 {
 };
 #endif
 
-// The quantizer's vectors, and the FWHT's. The FWHT takes 256-bit vectors wherever AVX2
-// is there, AVX-512 included (d 256 in two parts): an in-vector stage costs two
-// instructions per vector (a permute and an FMA), a stage between vectors one, so at
-// d 128 eight zmm do 4 in-vector and 3 across stages, 88 zmm instructions, and sixteen
-// ymm 3 and 4, 160 ymm instructions, which a Zen 4 issues as 80 zmm's worth: a K2V2_HC
-// row took 83 → 76 cycles alone, and its append 92 → 88 ns per token·head (2026-12-05).
+// The quantizer's vectors, and the FWHT's. The FWHT's width is KVQ_CPU_FWHT_BITS
+// (kvq/cpu/isa.hpp): an in-vector stage costs two instructions per vector (a permute and
+// an FMA), a stage between vectors one, so at d 128 eight zmm do 4 in-vector and 3 across
+// stages, 88 zmm instructions, and sixteen ymm 3 and 4, 160 ymm instructions (ymm take
+// d 256 in two parts of 16). A Zen 4 issues the 160 as 80 zmm's worth: with ymm a
+// K2V2_HC row took 83 → 76 cycles alone, and its append 92 → 88 ns per token·head
+// (2026-12-05). A Xeon core with full-width 512-bit pipes (2026-12-07, 2-core VM,
+// alternating runs of bench_cpu) runs zmm faster: K2V2_HC's append 736–743 → 629–659 µs
+// for 4096 tokens × 2 heads (11.0–11.1 → 12.4–13.0 M token·heads/s), the FWHT of a row
+// (BM_Fwht/1) 25.0–25.4 → 21.6–22.0 ns at d 128 and 52–53 → 33.5–33.7 ns at d 256.
 // (A key and a value row interleaved took 71 cycles in a loop of their own, but 32 live
 // ymm spill inside the append, which then got slower.) Rows across lanes instead (16 rows
 // per zmm: 16-bit transposes in, all FWHT stages as adds between vectors, ranges in
@@ -367,7 +372,11 @@ using AppendSimd = AppendSimd256;
 #define KVQ_CPU_APPEND_SIMD 0
 #endif
 #if KVQ_CPU_APPEND_SIMD
+#if KVQ_CPU_AVX512 && KVQ_CPU_FWHT_BITS == 512
+using FwhtSimd = AppendSimd512;
+#else
 using FwhtSimd = AppendSimd256;  // AppendSimd exists only with AVX2 + F16C
+#endif
 
 // One in-vector FWHT stage of stride H on the NV vectors v[].
 template <int H, int NV, class V>
