@@ -55,8 +55,8 @@ std::size_t cold_bytes() {
 
 // Copies of a cache pool, each 2 MiB-aligned as an engine's pool would be (a vector's
 // buffer starts 16 bytes past a page boundary, so every 4 KB region of a page straddles
-// two OS pages: cold fp16 pages ran ~10% slower): one when warm (kWarm), ≥ kColdBytes in
-// all when cold (cold_bytes()); with kColdHugePages each copy also asks for transparent huge pages
+// two OS pages: cold fp16 pages ran ~10% slower): one when warm (kWarm), cold_bytes() in
+// all when cold; with kColdHugePages each copy also asks for transparent huge pages
 // (madvise(MADV_HUGEPAGE), Linux). next() hands them out in turn.
 enum CacheState : int { kWarm = 0, kCold = 1, kColdHugePages = 2 };
 class PoolCopies {
