@@ -220,7 +220,7 @@ struct AppendSimd512 {
   template <int Bits>
   static KVQ_FORCE_INLINE void pack(const I* c, std::uint8_t* out) {
     // Per 128-bit lane L the packs leave c0[4L..4L+3], c1[…], c2[…], c3[…]; the dword
-    // permutation restores element order.
+    // permutation (with VBMI and 2/4 bits, the vpermb after the fields) restores element order.
     const __m512i by_lane = _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c[2], c[3]));
 #if KVQ_CPU_AVX512_VBMI
     if constexpr (Bits == 2 || Bits == 4) {
