@@ -205,4 +205,41 @@ TEST(CpuTile, StridedRowsWritesEachRunsPointersAndNoMore) {
       }
 }
 
+// The queue's accounting: each line that holds a queued byte is counted once, pace(n)
+// spends them over n shares of steps, a full queue drops what comes after (prefetches are hints;
+// what they ask for is checked by the codegen tests, cpu.prefetch_emitted.*).
+TEST(CpuTile, PrefetchQueueSpendsEachQueuedLineOverThePacedSteps) {
+  using kvq::detail::PrefetchQueue;
+  alignas(64) static char bytes[4 * 4096];
+  PrefetchQueue queue;
+  queue.clear();
+  queue.push(bytes + 10, 100);  // lines 0, 1
+  queue.push(bytes + 128, 64);  // line 2
+  queue.push(bytes + 200, 0);   // nothing
+  queue.push(bytes + 255, 2);   // lines 3, 4
+  EXPECT_EQ(queue.lines_left(), 5);
+  queue.pace(2);  // 3 lines a step
+  queue.step();
+  EXPECT_EQ(queue.lines_left(), 2);
+  queue.step();
+  EXPECT_EQ(queue.lines_left(), 0);
+  queue.step();
+  EXPECT_EQ(queue.lines_left(), 0);
+
+  queue.clear();
+  for (int i = 0; i < PrefetchQueue::kMaxRuns + 7; ++i) queue.push(bytes + 64 * i, 1);
+  EXPECT_EQ(queue.lines_left(), PrefetchQueue::kMaxRuns);
+  queue.pace(PrefetchQueue::kMaxRuns / 2);  // 2 a share
+  for (int i = 0; i < PrefetchQueue::kMaxRuns / 8; ++i) queue.step(2);
+  EXPECT_EQ(queue.lines_left(), PrefetchQueue::kMaxRuns / 2);
+  queue.pace(0);  // everything at the next step
+  queue.step();
+  EXPECT_EQ(queue.lines_left(), 0);
+  queue.clear();
+  queue.push(bytes, 4096);
+  EXPECT_EQ(queue.lines_left(), 64);
+  queue.flush();
+  EXPECT_EQ(queue.lines_left(), 0);
+}
+
 }  // namespace

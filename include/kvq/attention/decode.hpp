@@ -132,12 +132,20 @@ struct QuantizedTileSource {
   const float* q;
   const Int8Query<P.key.bits, P.key.group, D>* q8;
   ValueBlock* v8;  // nullptr: fp32 value tiles
-  int next_key = 0, next_keys = 0;  // keys queued by prefetch_keys
+  PrefetchQueue next_block;  // the next block's lines, queued by prefetch_keys
 
+  // The next block's lines are asked for between the steps of this block: after each 16
+  // tokens scored (kScoreWeight shares: a K4V2 score step at GQA 4 takes about as long
+  // as two value steps) and before each 16 tokens of the int8 value sums' passes (one
+  // share). In two bursts, as before (the keys after the products, the values after the
+  // logits), the cold decode waited behind them; see benchmarks/README.md (2026-12-07,
+  // session 52) for the alternating runs on a Xeon core.
+  static constexpr int kScoreWeight = 2;
   void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) {
     if constexpr (S == KeyScoring::fp32_tiles) {
-      ask_for_queued_keys();
+      next_block.pace(kScoreWeight * ((n + 15) / 16) + value_steps(n));
       logits_from_tile<D>(q, padded_rows(rows), t0, n, tile, s, [&](int t, int count, float* out) {
+        next_block.step(kScoreWeight * ((count + 15) / 16));
         for_each_key_row(t, count, [&](int j, const std::uint8_t* codes, const meta_storage_t<P.key.meta>* meta) {
           dequantize_row_slabs<P.key.bits, P.key.group, D, P.key.meta>(codes, meta, out + j * D);
         });
@@ -155,39 +163,35 @@ struct QuantizedTileSource {
                      cache.layout.kKeyMetaBytes, run);
         j += run;
       });
-      // The next block's keys are asked for after the products (prefetch_keys). Bursts of
-      // more than 80 lines (4-bit keys at d 256: 160 a block) are spread over the block in
-      // 2 or 4 steps, each scoring kStep tokens: d 256, 32K tokens from DRAM, one Zen 4
-      // core, K4V2 fastest 2094–2116 → 1637–1679 µs in 4 steps (1841–1886 in 2), K2V2 (96
-      // lines, 2 steps) 1603–1641 → 1538–1552; at d 128 (80 and 48 lines) a prototype of
-      // the spread lost 3–7%.
-      constexpr int kLines = int(kTokensPerBlock * (PageLayout<P>::kKeyCodeBytes + PageLayout<P>::kKeyMetaBytes) / 64);
-      constexpr int kSteps = kLines <= 80 ? 1 : (kLines <= 128 ? 2 : 4), kStep = kTokensPerBlock / kSteps;
-      int asked = 0;
-      for (int j0 = 0, i = 1; j0 < n; j0 += kStep, ++i) {
-        q8->template score_block<P.key.meta>(std::min(kStep, n - j0), codes + j0, meta + j0, rows, s, j0);
-        const int upto = next_keys * i / kSteps;  // non-decreasing in i
-        if (upto > asked) ask_for_rows<true>(next_key + asked, upto - asked), asked = upto;
+      next_block.pace(kScoreWeight * ((n + 15) / 16) + value_steps(n));
+      for (int j0 = 0; j0 < n; j0 += 16) {
+        q8->template score_block<P.key.meta>(std::min(16, n - j0), codes + j0, meta + j0, rows, s, j0);
+        next_block.step(kScoreWeight);
       }
-      if (next_keys > asked) ask_for_rows<true>(next_key + asked, next_keys - asked);
-      next_keys = 0;
     }
   }
-  // Queues the next block's keys, tokens t0 .. t0 + n. The int8 scoring asks for them
-  // after its products, beside that block's values (attend_block's prefetch_values): asked
-  // for before, the burst of their lines (80 for K4V2) went ahead of every product, and
-  // once the page walks lost their per-run division, ahead of them sooner; that cost the
-  // cold decode up to 10% (Zen 4, 32K tokens from DRAM, medians of alternating runs:
-  // K4V2 fastest 810 µs as before, 895 without the divisions, 783 with both changes;
-  // K2V2 768 / 758 / 747; 4K warm K4V2 103 / 99 / 100–102, K2V2 99 / 95 / 97–101).
+  // Queues the codes and metadata of tokens t0 .. t0 + n, keys then values, after what
+  // the block before left unasked (one whose softmax masked every token).
   void prefetch_keys(int t0, int n) {
-    next_key = t0;
-    next_keys = n;
+    next_block.flush();
+    next_block.clear();
+    const auto& L = cache.layout;
+    table.for_each_page_run(batch, t0, n, [&](int page, int slot, int run) {
+      const std::byte* base = cache.page(page);
+      next_block.push(L.key_codes(base, head, slot), run * L.kKeyCodeBytes);
+      next_block.push(L.key_meta_bytes(base, head, slot), run * L.kKeyMetaBytes);
+    });
+    table.for_each_page_run(batch, t0, n, [&](int page, int slot, int run) {
+      const std::byte* base = cache.page(page);
+      next_block.push(L.value_codes(base, head, slot), run * L.kValueCodeBytes);
+      next_block.push(L.value_meta_bytes(base, head, slot), run * L.kValueMetaBytes);
+    });
   }
-  void prefetch_values(int t0, int n) const { ask_for_rows<false>(t0, n); }
+  void prefetch_values(int, int) {}  // queued with the keys
   // Finite metadata with |s|·levels + |lo| finite bounds every |s·c + lo|, so the rows
   // are finite without looking at them.
-  bool values(int t0, int n, float* tile) const {
+  bool values(int t0, int n, float* tile) {
+    next_block.flush();
     bool finite = true;
     int j = 0;
     table.for_each_page_run(batch, t0, n, [&](int page, int slot, int run) {
@@ -202,7 +206,7 @@ struct QuantizedTileSource {
   }
   // acc [rows_padded][D] += Σ_j p[r][j]·v̂_j on the codes (kvq/cpu/value_int8.hpp). False,
   // with acc untouched, without v8 or when the block has non-finite weights or metadata.
-  bool accumulate_values(int t0, int n, const float (*p)[kTokensPerBlock], int rows_padded, float* acc) const {
+  bool accumulate_values(int t0, int n, const float (*p)[kTokensPerBlock], int rows_padded, float* acc) {
     if constexpr (kInt8Values) {
       if (!v8) return false;
       constexpr int kGroups = D / P.value.group;
@@ -219,7 +223,8 @@ struct QuantizedTileSource {
       alignas(64) float scale[kGroups][kTokensPerBlock], lo[kGroups][kTokensPerBlock];
       decode_meta_block<P.value.meta, kGroups>(raw, scale, lo);
       if (!v8->set_weights(p, rows_padded, scale, lo)) return false;
-      v8->accumulate_add(codes, n, rows_padded, acc);
+      v8->accumulate_add(codes, n, rows_padded, acc, [this] { next_block.step(); });
+      next_block.flush();
       return true;
     } else {
       return false;
@@ -227,6 +232,13 @@ struct QuantizedTileSource {
   }
 
  private:
+  // The steps accumulate_values takes over a block of n tokens (next_block.step() calls).
+  int value_steps(int n) const {
+    if constexpr (kInt8Values) {
+      if (v8) return ValueBlock::between_calls(n, padded_rows(rows));
+    }
+    return 0;
+  }
   // fn(j, codes, meta) for the key row of token t0 + j, j < n: a page's slots are
   // contiguous rows, so one address computation per page run, not one per token.
   template <class Fn>
@@ -238,25 +250,6 @@ struct QuantizedTileSource {
       const auto* m = reinterpret_cast<const meta_storage_t<P.key.meta>*>(cache.layout.key_meta_bytes(base, head, slot));
       for (int u = 0; u < run; ++u, ++j) fn(j, c + u * cache.layout.kKeyCodeBytes, m + u * 2 * (D / P.key.group));
     });
-  }
-  // Prefetches the codes and metadata of tokens t0 .. t0 + n: keys or values.
-  template <bool kKeys>
-  void ask_for_rows(int t0, int n) const {
-    table.for_each_page_run(batch, t0, n, [&](int page, int slot, int run) {
-      const auto& L = cache.layout;
-      const std::byte* base = cache.page(page);
-      if constexpr (kKeys) {
-        prefetch_bytes(L.key_codes(base, head, slot), run * L.kKeyCodeBytes);
-        prefetch_bytes(L.key_meta_bytes(base, head, slot), run * L.kKeyMetaBytes);
-      } else {
-        prefetch_bytes(L.value_codes(base, head, slot), run * L.kValueCodeBytes);
-        prefetch_bytes(L.value_meta_bytes(base, head, slot), run * L.kValueMetaBytes);
-      }
-    });
-  }
-  void ask_for_queued_keys() {
-    ask_for_rows<true>(next_key, next_keys);
-    next_keys = 0;
   }
 };
 
@@ -336,7 +329,7 @@ void decode_pass(const ConstPagedCacheView<P>& cache, const PageTableView& table
   typename Source::ValueBlock* v8_block = nullptr;
   if constexpr (Source::kInt8Values)
     if (int8_values) v8_block = &v8;
-  Source source{cache, table, b, h, rows, q_slabs, q8_rows, v8_block};
+  Source source{cache, table, b, h, rows, q_slabs, q8_rows, v8_block, {}};
   attend_part<D>(t_begin, t_end, rows, limit, acc, m, l, source);
   // Normalize, return to the output basis, write.
   for (int rr = 0; rr < rows; ++rr) {

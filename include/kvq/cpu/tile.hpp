@@ -17,6 +17,7 @@
 // reference), use a lane loop.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -531,6 +532,60 @@ KVQ_FORCE_INLINE void prefetch_bytes(const void* p, std::size_t bytes) {
   (void)p, (void)bytes;
 #endif
 }
+
+// The cache lines of the next block, queued as runs when the block is known and asked
+// for (prefetch_bytes) a few at a time between the steps of this block's work: pace(n)
+// spreads what is queued over n shares of step() calls. Why not all at once: a software
+// prefetch on an Intel core, into L2 as well, takes one of the core's L1 miss buffers
+// until its line comes, so a burst of a block's lines (116 for K4V2 at d 128) stalls
+// the core for several DRAM latencies while the compute waits behind it.
+class PrefetchQueue {
+ public:
+  // Up to four runs per token: key codes, key metadata, value codes, value metadata of
+  // pages of one slot (page size 1). A run past that is not asked for.
+  static constexpr int kMaxRuns = 4 * kTokensPerBlock;
+
+  PrefetchQueue() {}  // runs_ stays uninitialized (4 KB): only runs_[0, count_) are read
+  void clear() { count_ = at_ = offset_ = left_ = per_share_ = 0; }
+  // Queues the lines that hold [p, p + bytes).
+  void push(const void* p, std::size_t bytes) {
+    if (bytes == 0 || count_ == kMaxRuns) return;
+    const std::uintptr_t first = reinterpret_cast<std::uintptr_t>(p) / 64,
+                         last = (reinterpret_cast<std::uintptr_t>(p) + bytes - 1) / 64;
+    runs_[count_++] = {reinterpret_cast<const char*>(first * 64), int(last - first + 1)};
+    left_ += int(last - first + 1);
+  }
+  // The lines still queued leave over the next `shares` shares of step() calls (a call
+  // asks for `share` shares; at least one line a share).
+  void pace(int shares) { per_share_ = shares > 0 ? (left_ + shares - 1) / shares : left_; }
+  KVQ_FORCE_INLINE void step(int shares = 1) {
+    if (left_ > 0) issue(shares * per_share_);
+  }
+  void flush() {
+    if (left_ > 0) issue(left_);
+  }
+  int lines_left() const { return left_; }
+
+ private:
+  KVQ_FORCE_INLINE void issue(int lines) {
+    lines = std::min(lines, left_);
+    left_ -= lines;
+    while (lines > 0) {
+      const Run& run = runs_[at_];
+      const int now = std::min(lines, run.lines - offset_);
+      prefetch_bytes(run.first + 64 * offset_, std::size_t(now) * 64);
+      lines -= now, offset_ += now;
+      if (offset_ == run.lines) ++at_, offset_ = 0;
+    }
+  }
+  struct Run {
+    const char* first;  // 64-byte aligned
+    int lines;
+  };
+  Run runs_[kMaxRuns];
+  int count_ = 0, at_ = 0, offset_ = 0;  // runs; the run and line asked for next
+  int left_ = 0, per_share_ = 0;         // lines not asked for yet; lines a share asks for
+};
 
 // Pointers strided_rows writes per store: a native vector of them (8 with AVX-512, 4
 // with AVX2, 2 with SSE2 / NEON). Eight per store without AVX-512 went through the stack

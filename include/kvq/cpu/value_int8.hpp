@@ -40,6 +40,11 @@
 
 namespace kvq::detail {
 
+// Int8ValueBlock::accumulate_add's default between-steps hook: nothing.
+struct NoBetween {
+  KVQ_FORCE_INLINE void operator()() const {}
+};
+
 template <int Bits, int G, int D>
 constexpr bool int8_values_supported() {
   return D % G == 0 && (G * Bits / 8) % 16 == 0;
@@ -181,15 +186,29 @@ struct Int8ValueBlock {
   }
 
   // accumulate then add_to: with AVX-512 VNNI + VBMI in one pass, each integer sum going
-  // into acc from registers (the same expression as add_to's, so the same floats).
-  void accumulate_add(const std::uint8_t* const* codes, int n, int rows_padded, float* acc) {
+  // into acc from registers (the same expression as add_to's, so the same floats), and
+  // between() called before each kBetweenTokens tokens of each pass over the rows and
+  // 16-byte columns (between_calls of them; the decode asks for the next block's lines
+  // there, kvq/cpu/tile.hpp's PrefetchQueue). Other paths do not call it.
+  static constexpr int kBetweenTokens = 16;
+  static constexpr int between_calls(int n, int rows_padded) {
+#if KVQ_CPU_AVX512_VNNI && KVQ_CPU_AVX512_VBMI
+    return (rows_padded == 1 ? 1 : rows_padded / 4) * (kRowBytes / 16) * ((n + kBetweenTokens - 1) / kBetweenTokens);
+#else
+    (void)n, (void)rows_padded;
+    return 0;
+#endif
+  }
+  template <class Between = NoBetween>
+  void accumulate_add(const std::uint8_t* const* codes, int n, int rows_padded, float* acc, Between between = {}) {
 #if KVQ_CPU_AVX512_VNNI && KVQ_CPU_AVX512_VBMI
     if (rows_padded == 1) {
-      accumulate_vnni<1>(codes, n, 0, acc);
+      accumulate_vnni<1>(codes, n, 0, acc, between);
     } else {
-      for (int r0 = 0; r0 < rows_padded; r0 += 4) accumulate_vnni<4>(codes, n, r0, acc);
+      for (int r0 = 0; r0 < rows_padded; r0 += 4) accumulate_vnni<4>(codes, n, r0, acc, between);
     }
 #else
+    (void)between;
     accumulate(codes, n, rows_padded);
     add_to(acc, rows_padded);
 #endif
@@ -405,23 +424,25 @@ struct Int8ValueBlock {
 
   // With out set, the sums go into out [rows][D] as add_to would add them; isum is not
   // written.
-  template <int RB>
-  KVQ_FORCE_INLINE void accumulate_vnni(const std::uint8_t* const* codes, int n, int r0, float* out) {
+  template <int RB, class Between = NoBetween>
+  KVQ_FORCE_INLINE void accumulate_vnni(const std::uint8_t* const* codes, int n, int r0, float* out,
+                                        Between between = {}) {
     // Decided once per block, so that the token loop has no branch (a branch there also
     // made GCC 12 copy the accumulators each iteration).
     // Rows over 32 bytes always take the gathered form (no contiguous one is written
     // for them, nor instantiated).
     if constexpr (kRowBytes <= 32) {
       if (n % 4 == 0 && runs_are_strided<4>(codes, n, kRowBytes)) {
-        accumulate_vnni_quads<RB, true>(codes, n, r0, out);
+        accumulate_vnni_quads<RB, true>(codes, n, r0, out, between);
         return;
       }
     }
-    accumulate_vnni_quads<RB, false>(codes, n, r0, out);
+    accumulate_vnni_quads<RB, false>(codes, n, r0, out, between);
   }
 
-  template <int RB, bool kContiguous>
-  KVQ_FORCE_INLINE void accumulate_vnni_quads(const std::uint8_t* const* codes, int n, int r0, float* out) {
+  template <int RB, bool kContiguous, class Between>
+  KVQ_FORCE_INLINE void accumulate_vnni_quads(const std::uint8_t* const* codes, int n, int r0, float* out,
+                                              Between between) {
     const __m512i quad = _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12,  //
                                          59, 43, 27, 11, 58, 42, 26, 10, 57, 41, 25, 9, 56, 40, 24, 8,    //
                                          55, 39, 23, 7, 54, 38, 22, 6, 53, 37, 21, 5, 52, 36, 20, 4,      //
@@ -430,38 +451,42 @@ struct Int8ValueBlock {
       __m512i acc[RB][kSlabs];
       KVQ_UNROLL for (int r = 0; r < RB; ++r)
         KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) acc[r][k] = _mm512_setzero_si512();
-      for (int j = 0; j < n; j += 4) {
-        __m512i z;
-        const std::uint8_t* t0 = codes[j];
-        if constexpr (kContiguous) {
-          // Four consecutive rows of one page: one or two loads and one byte permute.
-          static_assert(kRowBytes == 16 || kRowBytes == 32);
-          if constexpr (kRowBytes == 16) {
-            z = _mm512_maskz_permutexvar_epi8(~__mmask64(0), quad, _mm512_loadu_si512(t0));
-          } else if constexpr (kRowBytes == 32) {
-            const __m512i index = _mm512_load_si512(kQuadOf4Rows32[c / 16].data());
-            z = _mm512_maskz_permutex2var_epi8(~__mmask64(0), _mm512_loadu_si512(t0), index, _mm512_loadu_si512(t0 + 64));
+      for (int j_step = 0; j_step < n; j_step += kBetweenTokens) {
+        between();
+        const int j_end = std::min(n, j_step + kBetweenTokens);
+        for (int j = j_step; j < j_end; j += 4) {
+          __m512i z;
+          const std::uint8_t* t0 = codes[j];
+          if constexpr (kContiguous) {
+            // Four consecutive rows of one page: one or two loads and one byte permute.
+            static_assert(kRowBytes == 16 || kRowBytes == 32);
+            if constexpr (kRowBytes == 16) {
+              z = _mm512_maskz_permutexvar_epi8(~__mmask64(0), quad, _mm512_loadu_si512(t0));
+            } else if constexpr (kRowBytes == 32) {
+              const __m512i index = _mm512_load_si512(kQuadOf4Rows32[c / 16].data());
+              z = _mm512_maskz_permutex2var_epi8(~__mmask64(0), _mm512_loadu_si512(t0), index, _mm512_loadu_si512(t0 + 64));
+            }
+          } else {
+            // Tokens past n have weight 0; they read token j's codes.
+            const std::uint8_t* t1 = codes[j + 1 < n ? j + 1 : j];
+            const std::uint8_t* t2 = codes[j + 2 < n ? j + 2 : j];
+            const std::uint8_t* t3 = codes[j + 3 < n ? j + 3 : j];
+            z = _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t0 + c)));
+            z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t1 + c)), 1);
+            z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t2 + c)), 2);
+            z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t3 + c)), 3);
+            z = _mm512_maskz_permutexvar_epi8(~__mmask64(0), quad, z);  // the unmasked form warns in GCC 12
           }
-        } else {
-          // Tokens past n have weight 0; they read token j's codes.
-          const std::uint8_t* t1 = codes[j + 1 < n ? j + 1 : j];
-          const std::uint8_t* t2 = codes[j + 2 < n ? j + 2 : j];
-          const std::uint8_t* t3 = codes[j + 3 < n ? j + 3 : j];
-          z = _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t0 + c)));
-          z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t1 + c)), 1);
-          z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t2 + c)), 2);
-          z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(t3 + c)), 3);
-          z = _mm512_maskz_permutexvar_epi8(~__mmask64(0), quad, z);  // the unmasked form warns in GCC 12
-        }
-        __m512i w[RB];
-        KVQ_UNROLL for (int r = 0; r < RB; ++r) {
-          std::int32_t four;
-          std::memcpy(&four, &w8[r0 + r][c / kGroupBytes][j], sizeof four);
-          w[r] = _mm512_set1_epi32(four);
-        }
-        KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
-          const __m512i slab = Bits == 8 ? _mm512_xor_si512(z, _mm512_set1_epi8(char(0x80))) : code_field<Bits>(z, k);
-          KVQ_UNROLL for (int r = 0; r < RB; ++r) acc[r][k] = dpbusd_tied(acc[r][k], w[r], slab);
+          __m512i w[RB];
+          KVQ_UNROLL for (int r = 0; r < RB; ++r) {
+            std::int32_t four;
+            std::memcpy(&four, &w8[r0 + r][c / kGroupBytes][j], sizeof four);
+            w[r] = _mm512_set1_epi32(four);
+          }
+          KVQ_UNROLL for (int k = 0; k < kSlabs; ++k) {
+            const __m512i slab = Bits == 8 ? _mm512_xor_si512(z, _mm512_set1_epi8(char(0x80))) : code_field<Bits>(z, k);
+            KVQ_UNROLL for (int r = 0; r < RB; ++r) acc[r][k] = dpbusd_tied(acc[r][k], w[r], slab);
+          }
         }
       }
       KVQ_UNROLL for (int r = 0; r < RB; ++r) {
