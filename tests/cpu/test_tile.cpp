@@ -210,7 +210,7 @@ TEST(CpuTile, StridedRowsWritesEachRunsPointersAndNoMore) {
 // what they ask for is checked by the codegen tests, cpu.prefetch_emitted.*).
 TEST(CpuTile, PrefetchQueueSpendsEachQueuedLineOverThePacedSteps) {
   using kvq::detail::PrefetchQueue;
-  alignas(64) static char bytes[4 * 4096];
+  alignas(64) static char bytes[64 * (PrefetchQueue::kMaxRuns + 8)];
   PrefetchQueue queue;
   queue.clear();
   queue.push(bytes + 10, 100);  // lines 0, 1
