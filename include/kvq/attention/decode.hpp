@@ -137,9 +137,9 @@ struct QuantizedTileSource {
   // The next block's lines are asked for between the steps of this block: after each 16
   // tokens scored (kScoreWeight shares: a K4V2 score step at GQA 4 takes about as long
   // as two value steps) and before each 16 tokens of the int8 value sums' passes (one
-  // share). In two bursts, as before (the keys after the products, the values after the
-  // logits), the cold decode waited behind them; see benchmarks/README.md (2026-12-07,
-  // session 52) for the alternating runs on a Xeon core.
+  // share). Until 2026-12-07 they went in two bursts (the keys after the products, the
+  // values after the logits) and the cold decode's compute waited behind them; the
+  // alternating runs on a Xeon core are in benchmarks/README.md (2026-12-07, session 52).
   static constexpr int kScoreWeight = 2;
   void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) {
     if constexpr (S == KeyScoring::fp32_tiles) {

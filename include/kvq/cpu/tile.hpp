@@ -555,8 +555,8 @@ class PrefetchQueue {
     runs_[count_++] = {reinterpret_cast<const char*>(first * 64), int(last - first + 1)};
     left_ += int(last - first + 1);
   }
-  // The lines still queued leave over the next `shares` shares of step() calls (a call
-  // asks for `share` shares; at least one line a share).
+  // The lines still queued leave over the next `shares` shares of step() calls (each call
+  // asks for the shares it is given; at least one line a share).
   void pace(int shares) { per_share_ = shares > 0 ? (left_ + shares - 1) / shares : left_; }
   KVQ_FORCE_INLINE void step(int shares = 1) {
     if (left_ > 0) issue(shares * per_share_);
