@@ -242,4 +242,21 @@ TEST(CpuTile, PrefetchQueueSpendsEachQueuedLineOverThePacedSteps) {
   EXPECT_EQ(queue.lines_left(), 0);
 }
 
+// touch_os_span leaves its state at the OS page of the span's last byte, so the next span
+// starts where this one stopped; a span inside that page asks for nothing new.
+TEST(CpuTile, TouchOsSpanEndsOnTheOsPageOfItsLastByte) {
+  using kvq::detail::kOsPageBytes;
+  alignas(4096) static char bytes[5 * 4096];
+  const auto page_of = [](const char* p) { return reinterpret_cast<std::uintptr_t>(p) / kOsPageBytes + 1; };
+  std::uintptr_t page = 0;
+  kvq::detail::touch_os_span(bytes + 100, bytes + 3 * 4096 + 5, page);
+  EXPECT_EQ(page, page_of(bytes + 3 * 4096));
+  kvq::detail::touch_os_span(bytes + 3 * 4096 + 64, bytes + 3 * 4096 + 4000, page);
+  EXPECT_EQ(page, page_of(bytes + 3 * 4096));
+  kvq::detail::touch_os_span(bytes + 4096 + 1, bytes + 4096 + 2, page);
+  EXPECT_EQ(page, page_of(bytes + 4096));
+  kvq::detail::touch_os_span(bytes + 4095, bytes + 4 * 4096, page);
+  EXPECT_EQ(page, page_of(bytes + 4 * 4096));
+}
+
 }  // namespace

@@ -188,6 +188,17 @@ struct QuantizedTileSource {
     });
   }
   void prefetch_values(int, int) {}  // queued with the keys
+  // One line of each 4 KB OS page that holds this head's rows of tokens t0 .. t0 + n, two
+  // blocks ahead (touch_os_page): the page walks happen before the next block's queued
+  // prefetches need them. A page run's rows (key codes … value metadata) lie in one span.
+  void touch_pages(int t0, int n) {
+    const auto& L = cache.layout;
+    std::uintptr_t os_page = 0;
+    table.for_each_page_run(batch, t0, n, [&](int page, int slot, int run) {
+      const std::byte* base = cache.page(page);
+      touch_os_span(L.key_codes(base, head, slot), L.value_meta_bytes(base, head, slot + run - 1), os_page);
+    });
+  }
   // Finite metadata with |s|·levels + |lo| finite bounds every |s·c + lo|, so the rows
   // are finite without looking at them.
   bool values(int t0, int n, float* tile) {

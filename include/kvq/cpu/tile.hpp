@@ -671,6 +671,16 @@ KVQ_FORCE_INLINE void touch_os_page(const void* p, std::uintptr_t& page) {
   page = here;
 }
 
+// touch_os_page for every OS page of the bytes [first, last]: at first, then at each
+// page start up to last.
+KVQ_FORCE_INLINE void touch_os_span(const void* first, const void* last, std::uintptr_t& page) {
+  touch_os_page(first, page);
+  const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(last);
+  for (std::uintptr_t a = (reinterpret_cast<std::uintptr_t>(first) / kOsPageBytes + 1) * kOsPageBytes; a <= end;
+       a += kOsPageBytes)
+    touch_os_page(reinterpret_cast<const void*>(a), page);
+}
+
 // touch_os_page for each row of a run p, p + stride, …, p + (count − 1)·stride (bytes),
 // stepping OS page by OS page where rows are closer than a page (every page the run
 // crosses then holds a row; its first line, or the run's, stands for it). Row by row,
@@ -681,10 +691,7 @@ KVQ_FORCE_INLINE void touch_os_pages(const void* p, int count, std::size_t strid
     for (int u = 0; u < count; ++u) touch_os_page(reinterpret_cast<const void*>(first + u * stride), page);
     return;
   }
-  touch_os_page(p, page);
-  const std::uintptr_t last = first + std::uintptr_t(count - 1) * stride;
-  for (std::uintptr_t a = (first / kOsPageBytes + 1) * kOsPageBytes; a <= last; a += kOsPageBytes)
-    touch_os_page(reinterpret_cast<const void*>(a), page);
+  touch_os_span(p, reinterpret_cast<const void*>(first + std::uintptr_t(count - 1) * stride), page);
 }
 
 // Max of a block of kTokensPerBlock logits, NaN when any of them is NaN (std::max
