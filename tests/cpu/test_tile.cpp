@@ -242,8 +242,8 @@ TEST(CpuTile, PrefetchQueueSpendsEachQueuedLineOverThePacedSteps) {
   EXPECT_EQ(queue.lines_left(), 0);
 }
 
-// touch_os_span leaves its state at the OS page of the span's last byte, so the next span
-// starts where this one stopped; a span inside that page asks for nothing new.
+// touch_os_span leaves its state at the OS page of the span's last byte (so the next span
+// does not ask for that page again), whether the span crosses pages or not.
 TEST(CpuTile, TouchOsSpanEndsOnTheOsPageOfItsLastByte) {
   using kvq::detail::kOsPageBytes;
   alignas(4096) static char bytes[5 * 4096];
