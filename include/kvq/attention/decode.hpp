@@ -135,12 +135,14 @@ struct QuantizedTileSource {
   PrefetchQueue next_block;  // the next block's lines, queued by prefetch_keys
 
   // The next block's lines are asked for between the steps of this block: after each 16
-  // tokens scored (kScoreWeight shares: a K4V2 score step at GQA 4 takes about as long
-  // as two value steps) and before each 16 tokens of the int8 value sums' passes (one
-  // share). Until 2026-12-07 they went in two bursts (the keys after the products, the
-  // values after the logits) and the cold decode's compute waited behind them; the
-  // alternating runs on a Xeon core are in benchmarks/README.md (2026-12-07, session 52).
-  static constexpr int kScoreWeight = 2;
+  // tokens scored (kScoreWeight shares) and before each 16 tokens of the int8 value sums'
+  // passes (one share). Until 2026-12-07 they went in two bursts (the keys after the
+  // products, the values after the logits) and the cold decode's compute waited behind
+  // them. A score step's share follows the key codes' bits over the values': at GQA 4 a
+  // K4V2 score step takes about as long as two value steps, a K2V2 one about one (32K
+  // cold on a Xeon core, weights 1 / 2 / 3: K4V2 1114–1128 / 1044–1122 / 1126–1146 µs,
+  // K2V2 888–898 / 911–967 / 956–965; benchmarks/README.md, 2026-12-07).
+  static constexpr int kScoreWeight = P.key.bits > P.value.bits ? P.key.bits / P.value.bits : 1;
   void logits(int t0, int n, float* tile, float (*s)[kTokensPerBlock]) {
     if constexpr (S == KeyScoring::fp32_tiles) {
       next_block.pace(kScoreWeight * ((n + 15) / 16) + value_steps(n));
