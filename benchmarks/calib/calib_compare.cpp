@@ -4,7 +4,9 @@
 // (a) none, (b) Hadamard, (c) covariance base, (d) OptR on Hadamard, (e) OptR on the
 // covariance base — with and without key centering, it measures the post-W_O attention
 // error on the held-out sequences with keys and values quantized as deployed (exact
-// 64-token sink and 256-token recent windows, last 64 causal queries):
+// 64-token sink and 256-token recent windows; OptRConfig's 64 query positions, spread
+// over the positions that see quantized keys, each seeing the cache as token-by-token
+// decode leaves it):
 //   error = mean over layers, KV heads, query heads and positions of ‖Δo·W_jᵀ‖²/D.
 // Writes a markdown table (stdout and <out>/calib_compare.md), a CSV and an SVG plot of
 // error versus bits/element. Default input: the committed SmolLM2-135M fixture.

@@ -98,7 +98,7 @@ struct Table {
     std::iota(indices.begin(), indices.end(), 0);
     last = {tokens - (pages - 1) * kPage};
   }
-  kvq::PageTableView view() const { return {indptr.data(), indices.data(), last.data(), 1, kPage}; }
+  kvq::PageTableView view() const { return {indptr.data(), indices.data(), last.data(), 1, kPage, int(indices.size())}; }
   int pages() const { return indptr[1]; }
 };
 

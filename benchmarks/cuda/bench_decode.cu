@@ -102,7 +102,7 @@ struct Table {
     cudaMemcpy(d_indptr, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(d_indices, indices.data(), indices.size() * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(d_last, last.data(), last.size() * 4, cudaMemcpyHostToDevice);
-    view = {d_indptr, d_indices, d_last, batch, page};
+    view = {d_indptr, d_indices, d_last, batch, page, num_pages};
     return true;
   }
 };

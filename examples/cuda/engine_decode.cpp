@@ -122,7 +122,7 @@ struct PagedPart {
       indptr.push_back(int(indices.size()));
       last.push_back(len[b] - std::max(used - 1, 0) * page_size);
     }
-    return {indptr.data(), indices.data(), last.data(), int(pages.size()), page_size};
+    return {indptr.data(), indices.data(), last.data(), int(pages.size()), page_size, int(indices.size())};
   }
   kvq::PageTableView sync() {  // checks and uploads the CSR table; returns its device view
     std::vector<std::int32_t> indptr, indices, last;
@@ -130,7 +130,7 @@ struct PagedPart {
     upload(d_indptr, indptr);
     upload(d_indices, indices);
     upload(d_last, last);
-    return {d_indptr, d_indices, d_last, int(pages.size()), page_size};
+    return {d_indptr, d_indices, d_last, int(pages.size()), page_size, int(indices.size())};
   }
 };
 

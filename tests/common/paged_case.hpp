@@ -34,7 +34,9 @@ struct PagedCase {
 
   int batch() const { return int(seq_lens.size()); }
   PageLayout<P> layout() const { return {page_size, hkv}; }
-  PageTableView table() const { return {indptr.data(), indices.data(), last_page_len.data(), batch(), page_size}; }
+  PageTableView table() const {
+    return {indptr.data(), indices.data(), last_page_len.data(), batch(), page_size, int(indices.size())};
+  }
   PagedCacheView<P> cache() { return {pool.data(), num_pages, layout()}; }
   ConstPagedCacheView<P> const_cache() const { return {pool.data(), num_pages, layout()}; }
   DecodeParams<float, float> decode_params(float* out, float* lse, float sm_scale = 0.f) const {

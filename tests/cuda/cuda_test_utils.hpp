@@ -112,7 +112,8 @@ struct RaggedTable {
   std::vector<std::int32_t> indptr, indices, last;
 
   PageTableView host() const {
-    return {indptr.data(), indices.data(), last.data(), static_cast<int>(lens.size()), page_size};
+    return {indptr.data(), indices.data(), last.data(), static_cast<int>(lens.size()), page_size,
+            static_cast<int>(indices.size())};
   }
   int total_tokens() const { return std::accumulate(lens.begin(), lens.end(), 0); }
 };
@@ -138,11 +139,12 @@ inline RaggedTable make_table(const std::vector<int>& lens, int page_size, std::
 
 struct DeviceTable {
   DeviceBuffer<std::int32_t> indptr, indices, last;
-  int batch = 0, page_size = 16;
+  int batch = 0, page_size = 16, num_indices = -1;
   explicit DeviceTable(const RaggedTable& t)
       : indptr(t.indptr), indices(t.indices), last(t.last.empty() ? std::vector<std::int32_t>{0} : t.last),
-        batch(static_cast<int>(t.lens.size())), page_size(t.page_size) {}
-  PageTableView view() const { return {indptr.get(), indices.get(), last.get(), batch, page_size}; }
+        batch(static_cast<int>(t.lens.size())), page_size(t.page_size),
+        num_indices(static_cast<int>(t.indices.size())) {}
+  PageTableView view() const { return {indptr.get(), indices.get(), last.get(), batch, page_size, num_indices}; }
 };
 
 // Every (sequence, position) of the table in shuffled order.

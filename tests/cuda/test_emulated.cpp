@@ -205,6 +205,8 @@ struct Run {
   // Device-side table checks (DeviceError), each expecting its flag:
   int bad_table_seq = -1;   // ≥ 0: that sequence's last_page_len is page_size + 1 in the kernel's
                             // table (kBadPageTable): its rows must come out empty (o = 0, lse −∞)
+  bool short_indices = false;  // with bad_table_seq, the last non-empty sequence: instead, the
+                               // table's num_indices ends one page before that sequence's end
   bool padded_empty = false;  // empty sequences' last_page_len is page_size (batch padding, as
                               // engines fill it): not flagged, nothing read
   bool bad_q_indptr = false;  // the last sequence's q_indptr run ends past total_q (kBadQueryRows):
@@ -305,12 +307,17 @@ void check_decode(const Case& c, std::uint32_t seed, const Run& run = {}) {
   if (run.bad_page >= 0) kernel_tab.indices[kernel_tab.indptr[0] + run.bad_page] = tab.num_pages + 7;
   if (run.bad_table_seq >= 0) {
     ASSERT_GT(tab.lens[run.bad_table_seq], 0);
-    kernel_tab.last[run.bad_table_seq] = tab.page_size + 1;
+    if (!run.short_indices) kernel_tab.last[run.bad_table_seq] = tab.page_size + 1;
   }
   if (run.padded_empty)
     for (std::size_t b = 0; b < tab.lens.size(); ++b)
       if (tab.lens[b] == 0) kernel_tab.last[b] = tab.page_size;
   a.table = kernel_tab.host();
+  if (run.short_indices) {
+    ASSERT_GE(run.bad_table_seq, 0);
+    ASSERT_EQ(tab.indptr[run.bad_table_seq + 1], tab.indptr.back());  // no pages after it
+    a.table.num_indices = tab.indptr.back() - 1;
+  }
   std::vector<std::int32_t> kernel_qi = qs.indptr;
   if (run.bad_q_indptr) kernel_qi.back() = qs.total + 3;
   const bool fast = run.precision == cuda::DecodePrecision::fast;
@@ -613,6 +620,15 @@ TEST(CudaEmulated, AppendRejectsOutOfRange) {
                                  b0.data(), p16.data(), rot.host(), &flags};
   emu_append(a0, 2, 2);
   EXPECT_EQ(flags, unsigned(cuda::kBadPageTable));
+  // A table whose num_indices ends before sequence 1's last page: position 19 (its second
+  // page) is flagged and not written, although indptr and last_page_len are consistent.
+  const std::vector<std::int32_t> b1 = {1}, p19 = {19};
+  flags = 0;
+  cuda::AppendArgs<P, half_t> a1{{pool.data(), tab.num_pages, layout}, tab.host(), rows.data(), rows.data(), 1,
+                                 b1.data(), p19.data(), rot.host(), &flags};
+  a1.table.num_indices = tab.indptr.back() - 1;
+  emu_append(a1, 2, 2);
+  EXPECT_EQ(flags, unsigned(cuda::kBadPageTable));
   EXPECT_TRUE(std::all_of(pool.begin(), pool.end(), [](std::byte x) { return x == std::byte{0xA5}; }));
 }
 
@@ -835,6 +851,7 @@ TEST(CudaEmulated, BadTablesAndQueryRunsAreFlagged) {
   for (const auto kernel : {cuda::DecodeKernel::simt, cuda::DecodeKernel::tensor_core}) {
     check_decode<P, half_t>(c, 150, {.kernel = kernel, .bad_table_seq = 1});
     check_decode<P, half_t>(split, 151, {.kernel = kernel, .bad_table_seq = 3});
+    check_decode<P, half_t>(split, 157, {.kernel = kernel, .bad_table_seq = 3, .short_indices = true});
     check_decode<P, half_t>(c, 152, {.kernel = kernel, .bad_q_indptr = true});
     check_decode<P, half_t>(c, 153, {.kernel = kernel, .max_q_per_seq = 1});  // runs of 2 and 3 tokens
     check_decode<P, half_t>(split, 155, {.kernel = kernel, .padded_empty = true});  // sequence 2: no flag

@@ -43,4 +43,29 @@ TEST(PageTable, RejectsInconsistentTables) {
   EXPECT_NE(s.message().find("indices[1] = 9"), std::string::npos) << s.message();
 }
 
+// num_indices, when given, bounds indptr: a table whose indptr runs past the engine's
+// indices array is rejected before any entry past it is read (the array below is exactly
+// num_indices long: ASan builds catch a read past it), and the device-side check
+// (seq_within_pages) takes such a sequence, or one whose run starts below 0, as unusable.
+TEST(PageTable, NumIndicesBoundsIndptr) {
+  Table t{{0, 2, 5}, {7, 3, 0, 1}, {5, 16}};
+  auto v = t.view();
+  EXPECT_TRUE(v.seq_within_pages(1));  // −1: unknown, not checked
+  v.num_indices = int(t.indices.size());
+  const auto s = kvq::validate_page_table(v, 8);
+  EXPECT_EQ(s.code(), StatusCode::out_of_range);
+  EXPECT_NE(s.message().find("indptr[2] = 5 exceeds num_indices = 4"), std::string::npos) << s.message();
+  EXPECT_TRUE(v.seq_within_pages(0));
+  EXPECT_FALSE(v.seq_within_pages(1));
+  t.indices.push_back(2);
+  v = t.view();
+  v.num_indices = int(t.indices.size());
+  EXPECT_TRUE(kvq::validate_page_table(v, 8).ok());
+  EXPECT_TRUE(v.seq_within_pages(1));
+  v.num_indices = -2;
+  EXPECT_EQ(kvq::validate_page_table(v, 8).code(), StatusCode::invalid_argument);
+  const Table negative{{-2, 1}, {0, 1, 2}, {4}};
+  EXPECT_FALSE(negative.view().seq_within_pages(0));
+}
+
 }  // namespace

@@ -212,7 +212,7 @@ class HostKVCache final : public KVCache {
     table_indptr_[0] = 0;
     table_indptr_[1] = num_pages();
     last_page_len_ = quantized_len_ == 0 ? 0 : (quantized_len_ - 1) % opt_.page_size + 1;
-    return {table_indptr_, indices_.data(), &last_page_len_, 1, opt_.page_size};
+    return {table_indptr_, indices_.data(), &last_page_len_, 1, opt_.page_size, num_pages()};
   }
   const LayerParams& params() const { return params_; }
 

@@ -9,7 +9,8 @@
 // size). The kernels bounds-check every page index and position they read, each
 // sequence's last_page_len and each decode sequence's q_indptr run, and skip what is out
 // of range, reporting it in the optional `error_flags` device word. What they cannot see
-// is the engine's to keep: indptr values within indices, arrays of the sizes stated.
+// is the engine's to keep: arrays of the sizes stated, and indptr values within indices
+// when the table leaves PageTableView::num_indices at −1 (given, the kernels check them too).
 //
 // Launchers take the engine's stream (kvq::cuda::Stream is cudaStream_t), allocate
 // nothing, never synchronize, and return a Status (cuda_error for launch failures).
@@ -195,6 +196,8 @@ inline Status validate_table_shape(const PageTableView& t, int layout_page_size,
   using enum StatusCode;
   KVQ_CHECK_ARG(t.batch_size >= 0, invalid_argument, std::string(who) + ": negative batch_size");
   KVQ_CHECK_ARG(t.page_size >= 1, invalid_argument, std::string(who) + ": page_size must be >= 1");
+  KVQ_CHECK_ARG(t.num_indices >= -1, invalid_argument,
+                std::string(who) + ": page table num_indices must be >= 0, or -1 (unknown)");
   KVQ_CHECK_ARG(t.page_size == layout_page_size, invalid_argument,
                 std::string(who) + ": page table page_size differs from the cache layout's");
   KVQ_CHECK_ARG(t.batch_size == 0 || (t.indptr && t.indices && t.last_page_len), invalid_argument,
