@@ -679,7 +679,7 @@ int main(int argc, char** argv) {
   PasskeyArgs pa;
   ParamSources pk_sources;
   auto* pk = app.add_subcommand("passkey", "passkey retrieval accuracy at long context, per policy (fp32 first)");
-  pk->add_option("--policies", pa.policies, "comma-separated: kvq policies (K4V2_HC, K2V2_R@TAG, K4V2_HC:vclip=1000, ...); fp32 always runs");
+  pk->add_option("--policies", pa.policies, "comma-separated: kvq policies (K4V2_HC, K2V2_R@TAG, K4V2_HC:vclip=1000, ...); fp32 runs first unless --no-fp32");
   pk->add_option("--layer-policies", pa.layer_policies, "per-layer policy table (kvq_calib allocate), one more run (repeatable)")
       ->check(CLI::ExistingFile);
   pk->add_option("--lengths", pa.lengths, "comma-separated prompt lengths in tokens (the model's context is 8192)");

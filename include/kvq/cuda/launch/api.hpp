@@ -25,8 +25,9 @@
 // outputs. Example, one decode step: append_kv(…, stream, true) then
 // decode_attention(…, stream, true).
 // CUDA graphs: the launchers may be captured (tests/cuda: CudaDependentLaunch). Run each
-// launcher once before capturing, as engines warm up before they capture: the first call
-// per kernel and device asks the driver for its attributes (and may load the module).
+// launcher once before capturing, as engines warm up before they capture: the first launch
+// of a kernel may load its module, and the first call with launch_with_pdl per kernel and
+// device asks the driver for its attributes.
 #pragma once
 
 #include <cstddef>
