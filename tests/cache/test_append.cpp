@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <initializer_list>
 #include <random>
 #include <thread>
@@ -173,6 +174,35 @@ TEST(Append, TaskSplitWritesTheSerialBytes) {
                                      c.params.view(), 0, reversed);
   EXPECT_EQ(bad.code(), kvq::StatusCode::invalid_argument) << bad.to_string();
   EXPECT_EQ(c.pool, poisoned);
+}
+
+// Two tokens at one position in one call: the later one's rows are stored, also when
+// groups of either are ones the SIMD path hands back to the scalar quantizer (non-finite
+// rows, fp16 metadata that saturates), which it does after the whole batch's codes.
+TEST(Append, RepeatedPositionStoresTheLaterTokensRows) {
+  constexpr auto P = kvq::presets::K2V2_HC;
+  constexpr int D = P.head_dim, hkv = 2;
+  auto c = make_paged_case<P>(5, 16, hkv, hkv, {40}, {1});
+  const std::vector<std::byte> poisoned = c.pool;
+  std::vector<float> finite = normal_rows(std::size_t(hkv) * D, 21), odd = normal_rows(finite.size(), 22);
+  odd[40] = std::nanf("");                              // key row of head 0: every group redone
+  for (int e = 0; e < D; ++e) odd[D + e] *= 1e6f;       // key row of head 1: fp16 metadata saturates
+  std::vector<float> odd_v = normal_rows(finite.size(), 23), finite_v = normal_rows(finite.size(), 24);
+  odd_v[D + 3] = INFINITY;                              // value row of head 1
+  auto stored = [&](std::initializer_list<std::pair<const std::vector<float>*, const std::vector<float>*>> tokens) {
+    std::vector<float> k, v;
+    for (auto [kt, vt] : tokens) k.insert(k.end(), kt->begin(), kt->end()), v.insert(v.end(), vt->begin(), vt->end());
+    const int n = static_cast<int>(tokens.size());
+    const std::vector<std::int32_t> bi(n, 0), pos(n, 5);
+    c.pool = poisoned;
+    EXPECT_TRUE(kvq::append_kv<P>(c.cache(), c.table(), k.data(), v.data(), n, bi.data(), pos.data(), c.params.view()).ok());
+    return c.pool;
+  };
+  const auto only_finite = stored({{&finite, &finite_v}}), only_odd = stored({{&odd, &odd_v}});
+  ASSERT_NE(only_finite, only_odd);
+  EXPECT_EQ(stored({{&odd, &odd_v}, {&finite, &finite_v}}), only_finite);
+  EXPECT_EQ(stored({{&finite, &finite_v}, {&odd, &odd_v}}), only_odd);
+  EXPECT_EQ(stored({{&odd, &odd_v}, {&finite, &finite_v}, {&odd, &odd_v}, {&finite, &finite_v}}), only_finite);
 }
 
 // The append by pool slot (vLLM's slot_mapping, llama.cpp's cells) writes the bytes of the

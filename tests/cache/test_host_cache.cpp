@@ -63,8 +63,12 @@ void check_three_parts(int sink, int recent, int flush, int tokens, int n_q, std
       for (const auto* x : {&std::as_const(data.k), &std::as_const(data.v)}) {
         const std::vector<float>& deq = x == &data.k ? k : v;
         const double own = dist2(deq, t, *x, t, h);
-        if (t > 0) EXPECT_LT(own, dist2(deq, t, *x, t - 1, h)) << "token " << t << " head " << h;
-        if (t + 1 < tokens) EXPECT_LT(own, dist2(deq, t, *x, t + 1, h)) << "token " << t << " head " << h;
+        if (t > 0) {
+          EXPECT_LT(own, dist2(deq, t, *x, t - 1, h)) << "token " << t << " head " << h;
+        }
+        if (t + 1 < tokens) {
+          EXPECT_LT(own, dist2(deq, t, *x, t + 1, h)) << "token " << t << " head " << h;
+        }
       }
   std::vector<float> out(std::size_t(n_q) * hq * D, kvq::test::kPoison), lse(std::size_t(n_q) * hq);
   cache.attend(data.q.data(), n_q, out.data(), lse.data());

@@ -135,8 +135,9 @@ struct QuantizedTileSource {
   PrefetchQueue next_block;  // the next block's lines, queued by prefetch_keys
 
   // The next block's lines are asked for between the steps of this block: after each 16
-  // tokens scored (kScoreWeight shares) and before each 16 tokens of the int8 value sums'
-  // passes (one share). Until 2026-12-07 they went in two bursts (the keys after the
+  // tokens scored with int8_query, before each 32-token key tile with fp32_tiles
+  // (kScoreWeight shares per 16 tokens), and before each 16 tokens of the int8 value
+  // sums' passes (one share). Until 2026-12-07 they went in two bursts (the keys after the
   // products, the values after the logits) and the cold decode's compute waited behind
   // them. A score step's share follows the key codes' bits over the values': at GQA 4 a
   // K4V2 score step takes about as long as two value steps, a K2V2 one about one (32K
@@ -191,7 +192,7 @@ struct QuantizedTileSource {
   }
   void prefetch_values(int, int) {}  // queued with the keys
   // One line of each 4 KB OS page that holds this head's rows of tokens t0 .. t0 + n, two
-  // blocks ahead (touch_os_page): the page walks happen before the next block's queued
+  // blocks ahead (touch_os_span): the page walks happen before the next block's queued
   // prefetches need them. A page run's rows (key codes … value metadata) lie in one span.
   void touch_pages(int t0, int n) {
     const auto& L = cache.layout;
@@ -509,8 +510,9 @@ struct SplitKvConfig {
 };
 
 // Workspace bytes decode_attention_split needs for this call's shape (host arrays:
-// table and p.q_indptr are read). 0 for a chunk size or head counts that
-// decode_attention_split rejects.
+// table and p.q_indptr are read). 0 when chunk_tokens ≤ 0 or a head count is below 1;
+// other arguments decode_attention_split rejects (chunk_tokens not a multiple of
+// kTokensPerBlock, num_qo_heads not a multiple of num_kv_heads) still get a size.
 template <Policy P, ActivationType QT, ActivationType OT>
 std::size_t split_decode_workspace_bytes(const PageTableView& table, const DecodeParams<QT, OT>& p, int num_kv_heads,
                                          SplitKvConfig split = {}) {

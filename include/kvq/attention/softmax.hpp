@@ -1,4 +1,5 @@
-// kvq/attention/softmax.hpp — online-softmax state and merge_states (DESIGN §4).
+// kvq/attention/softmax.hpp — the LSE merge of attention parts (merge_weights,
+// merge_states) and its float helpers (DESIGN §4).
 //
 // Every attention part returns (o, lse) with lse = ln Σ_t exp(τ·q·k_t) in the ORIGINAL
 // (un-centered) logit domain. Two parts over disjoint key sets merge exactly:

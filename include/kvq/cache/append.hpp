@@ -1,5 +1,6 @@
 // kvq/cache/append.hpp — quantize-append of new K/V rows into the paged cache (CPU
-// reference). The CUDA kernel in kvq/cuda/ calls the same per-row functions.
+// reference). The CUDA kernel (kvq/cuda/kernel/rows.cuh) has warp versions of these per-row
+// steps that give the same bits.
 //
 // For every new token i:  k_i, v_i : [Hkv, D] rows of type T (fp32 / fp16 / bf16)
 //   → center → rotate → clip → group-quantize → pack → page indices[indptr[b] + pos/P],

@@ -1,8 +1,9 @@
 // kvq/core/config.hpp — the one place that decides host/device qualifiers.
 //
-// Every scalar routine in kvq (packing, the group quantizer, FWHT butterflies,
-// online-softmax updates) is written once and marked KVQ_HOST_DEVICE, so the CPU
-// reference and the CUDA kernels execute literally the same arithmetic.
+// Scalar routines shared by host and device (packing, metadata encode/decode,
+// quantize_value, clip_rank, merge_weights) are written once and marked KVQ_HOST_DEVICE.
+// The CUDA FWHT and group quantizer are warp versions of the scalar ones that give the
+// same bits; the CPU and CUDA decodes have their own softmax code.
 #pragma once
 
 #include <cstddef>

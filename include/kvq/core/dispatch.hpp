@@ -4,7 +4,8 @@
 //   kvq::dispatch_preset<128>("K4V2_H", [&]<kvq::Policy P>() { ... });
 //   kvq::dispatch_preset<128, kShipped>("K2V2_R:vclip=1000", ...);   // an engine's own list
 //
-// The default branch returns Status::unsupported naming the value and what *is*
+// The default branch returns StatusCode::unsupported (also for a spelling parse_policy
+// rejects, with its message) naming the value and what *is*
 // instantiated; nothing outside the listed set is ever instantiated. The macros
 // KVQ_DISPATCH_HEAD_DIM / KVQ_DISPATCH_PRESET wrap these for C-style call sites.
 #pragma once

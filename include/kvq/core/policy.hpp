@@ -138,7 +138,8 @@ constexpr bool valid_spec(const QuantSpec& s, int d) {
 }
 }  // namespace detail
 
-// Run-time form of the compile-time check (used by dispatch and artifact loaders).
+// Run-time form of the compile-time check (used by the calibration's artifact loader and
+// OptR driver).
 constexpr bool is_valid_policy(const Policy& p) {
   return detail::valid_head_dim(p.head_dim) && detail::valid_spec(p.key, p.head_dim) &&
          detail::valid_spec(p.value, p.head_dim);

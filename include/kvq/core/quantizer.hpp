@@ -1,7 +1,8 @@
 // kvq/core/quantizer.hpp — the group quantizer Q(b, G, clip) of DESIGN §2.
 //
-// Written once for host and device: the CPU reference and the CUDA kernels call the
-// same functions, so codes and metadata are bit-identical. All arithmetic goes
+// Written once for host and device: the CUDA warp quantizer (kvq/cuda/kernel/rows.cuh)
+// reuses MetaTraits, clip_rank and quantize_value and reproduces quantize_group's steps,
+// so codes and metadata are bit-identical to the CPU's. All arithmetic goes
 // through mul_rn/add_rn/... (no contraction) and never converts NaN to an integer.
 //
 // Per group of G elements the stored metadata is a pair {scale, lo} in the policy's

@@ -936,12 +936,16 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
         V::template pack<S.bits>(codes, packed[r] + e0 * S.bits / 8);
       }
     // The scalar result (for non-finite groups the defined one of DESIGN §2), over
-    // whatever phases 2 and 3 wrote there.
+    // whatever phases 2 and 3 wrote there — unless a later row of the batch has the same
+    // destination (an append of two tokens at one position): phases 2 and 3 stored that
+    // row's bytes there last, and they stay, as in token order.
     for (int c = 0; c * L < groups; ++c)
       for (std::uint32_t m = redo[c]; m != 0; m &= m - 1) {
-        const int i = L * c + __builtin_ctz(m);
-        quantize_group<S>(original[i / NG] + (i % NG) * G, packed[i / NG] + (i % NG) * (G * S.bits / 8),
-                          meta[i / NG] + 2 * (i % NG));
+        const int i = L * c + __builtin_ctz(m), r = i / NG;
+        bool overwritten = false;
+        for (int later = r + 1; later < n; ++later) overwritten |= packed[later] == packed[r];
+        if (!overwritten)
+          quantize_group<S>(original[r] + (i % NG) * G, packed[r] + (i % NG) * (G * S.bits / 8), meta[r] + 2 * (i % NG));
       }
     return;
   }

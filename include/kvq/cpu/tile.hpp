@@ -662,8 +662,8 @@ inline constexpr std::uintptr_t kOsPageBytes = 4096;
 
 // Asks for the line at p unless the previous call with the same `page` state (start it
 // at 0) was already in p's 4 KB OS page. The prefetch's page walk then happens here: the
-// fp16 source touches the block after next, so the next block's prefetches find their
-// translations cached (kvq/attention/dense.hpp).
+// decode sources touch the block after next, so the next block's prefetches find their
+// translations cached (kvq/attention/dense.hpp, kvq/attention/decode.hpp).
 KVQ_FORCE_INLINE void touch_os_page(const void* p, std::uintptr_t& page) {
   const std::uintptr_t here = reinterpret_cast<std::uintptr_t>(p) / kOsPageBytes + 1;  // never 0
   if (here == page) return;

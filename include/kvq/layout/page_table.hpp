@@ -37,8 +37,9 @@ struct PageTableView {
   // indices (0 ≤ indptr[b] ≤ indptr[b + 1], ≤ num_indices when given; last_page_len ≤
   // page_size): what a kernel must know before it walks a table in device memory. Looser
   // than validate_page_table, on purpose: an empty sequence's last_page_len (batch
-  // padding) and a last page counted as empty (last_page_len ≤ 0: seq_len counts what
-  // the formula says, at least 0) read nothing outside the table.
+  // padding) and a last page counted as empty (last_page_len ≤ 0: seq_len gives what the
+  // formula says, which may be negative; the kernels take ≤ 0 as empty) read nothing
+  // outside the table.
   KVQ_HOST_DEVICE bool seq_within_pages(int b) const {
     const int first = indptr[b], end = indptr[b + 1];
     return first >= 0 && end >= first && (num_indices < 0 || end <= num_indices) && last_page_len[b] <= page_size;

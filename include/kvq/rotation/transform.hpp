@@ -1,5 +1,6 @@
 // kvq/rotation/transform.hpp — centering + rotation of key, value and query rows as the
-// policy prescribes (DESIGN §3). Used identically by append, attention and CUDA.
+// policy prescribes (DESIGN §3): the reference that the CPU SIMD append and the CUDA warp
+// functions reproduce bit for bit.
 //
 //   stored key   u = (k − μ_K)·R_K        query   q' = q·R_K,  logit shift τ·(q·μ_K)
 //   stored value w = (v − ν_V)·R_V        output  o  = ô·R_Vᵀ + ν_V

@@ -4,7 +4,8 @@
 // Work decomposition. A CTA owns one (sequence b, KV head h, split s, row tile): all
 // query rows (query tokens × the g query heads of h, up to R rows) that read the same
 // codes, so every code is loaded once per GQA group. Each of the NW warps walks its own
-// 32-token tiles of the split, double-buffered with 128-bit cp.async into shared memory:
+// 32-token tiles of the split, double-buffered with cp.async into shared memory (16-byte
+// chunks; 8- or 4-byte ones for metadata rows that are not whole 16-byte chunks):
 //   K codes  [16-byte chunk][32 tokens]  (transposed: lane t reads token t conflict-free)
 //   K meta, V codes, V meta              (token-major)
 // q·k phase: lane t computes all R logits of token t directly on the codes,
@@ -224,7 +225,7 @@ struct QuantSource {
   }
 };
 
-// Full-precision pages (DensePageLayout<T, D> of kvq/attention/dense.hpp).
+// Full-precision pages (DensePageLayout<T, D> of kvq/layout/dense.hpp).
 template <ActivationType T, int HeadDim>
 struct DenseSource {
   static constexpr int D = HeadDim;

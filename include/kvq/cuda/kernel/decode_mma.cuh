@@ -1,5 +1,6 @@
-// kvq/cuda/kernel/decode_mma.cuh — the tensor-core decode kernel (DESIGN §9; design
-// notes in GPU-DECODE §3), for quantized pages and, as the baseline of equal engineering,
+// kvq/cuda/kernel/decode_mma.cuh — the tensor-core decode kernel (DESIGN §9 and the
+// project's GPU-DECODE notes §3, both kept beside this repository), for quantized pages
+// and, as the baseline of equal engineering,
 // fp16 and bf16 pages.
 //
 // Same work decomposition, staging, softmax semantics and output path as decode_kernel
@@ -37,7 +38,8 @@
 // split into fp16 hi + lo (bf16 pages: hi + mid + lo) — fp32-like products, within 1e-5
 // of the CPU reference. `fast`: one rounding to the operand type (unit roundoff u = 2⁻¹¹
 // for fp16, 2⁻⁸ for bf16 pages). Both fp16 operands are scaled by powers of two (Q' per
-// CTA, p·s_v per tile) so that they neither overflow nor lose bits to fp16 subnormals;
+// CTA; p·s_v per tile for quantized pages, p by a fixed 2^13 for fp16 pages, bf16 pages
+// unscaled) so that they neither overflow nor lose bits to fp16 subnormals;
 // codes (subnormal by design, and exact) and metadata enter exactly in both modes.
 //
 // Error of `fast` against exact attention over K̂, V̂, per output element d of a row, to

@@ -8,7 +8,8 @@
 // once the grids this one depends on have completed and their writes are visible (at
 // once when the grid was launched without PDL). allow_dependent_grids() lets the next
 // grid start launching; it only moves when that grid is scheduled, never what it may read
-// (which its own wait decides), so kvq calls it once the grid's remaining work is short.
+// (which its own wait decides), so the decode kernels call it after their token loop, and
+// the short row and merge kernels right after their wait.
 //
 // Below sm_90, and on the host emulator, both are no-ops: the launchers never ask for PDL
 // there.

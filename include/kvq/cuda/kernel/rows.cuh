@@ -1,5 +1,7 @@
 // kvq/cuda/kernel/rows.cuh — row-wise kernels: fused quantize-append, dequantize and
-// standalone rotation. One warp per (token, KV head) or (row, head) item.
+// standalone rotation. One warp per item: (token, KV head), or (token, KV head, key or
+// value row) for appends below kAppendSplitBelow token·heads; (row, head) for rotate; a
+// row for merge_states.
 //
 // Bit-exactness: rows are converted with kvq::to_float, transformed by the warp
 // functions of kvq/cuda/warp/rotate.cuh (same operations and order as the host), and

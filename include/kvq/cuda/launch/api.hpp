@@ -141,7 +141,8 @@ struct RotateArgs {
 //                   (which caches have one: kvq/cuda/traits/tensor_core.hpp)
 //   precision     : operands of the tensor-core kernel, fast (default: fp16, the error
 //                   class of fp16 SDPA, bound in kernel/decode_mma.cuh) or exact (hi/lo
-//                   split, fp32-like); the CUDA-core kernel is fp32 either way
+//                   split, fp32-like); the CUDA-core kernel is fp32 either way (bf16 pages,
+//                   DenseDecodeArgs: bf16 operands, u = 2⁻⁸; exact splits hi + mid + lo)
 template <Policy P, ActivationType QT, ActivationType OT>
 struct DecodeArgs {
   ConstPagedCacheView<P> cache{};
@@ -180,7 +181,7 @@ struct DenseDecodeArgs {
   std::size_t workspace_bytes = 0;
   unsigned* error_flags = nullptr;
   DecodeKernel kernel = DecodeKernel::automatic;
-  DecodePrecision precision = DecodePrecision::fast;  // as in DecodeArgs
+  DecodePrecision precision = DecodePrecision::fast;  // as in DecodeArgs (bf16 pages: bf16 operands)
 
   static constexpr bool kTensorCoreOk = kTensorCoreDenseDecode<T, D>;
 

@@ -262,7 +262,8 @@ Status decode_ctas_per_sm(const DenseDecodeArgs<T, D, QT, OT>& a, int& ctas) {
 // measurement (bench_cuda_decode, BM_DecodePipe*): the validation, plan and launch of
 // decode_attention / dense_decode_attention, through decode_mma_kernel<KP, Precision,
 // Pipeline>. Args = DecodeArgs or DenseDecodeArgs with kTensorCoreOk whose plan chooses
-// the tensor-core kernel (otherwise `unsupported`); args.precision is ignored. Only TUs
+// the tensor-core kernel (decode_attention returns `unsupported` otherwise;
+// decode_ctas_per_sm does not check); args.precision is ignored. Only TUs
 // that include this header can call them (they instantiate the kernel).
 namespace tuning {
 

@@ -41,7 +41,9 @@ inline constexpr int choose_rows_per_cta(int head_dim, int group, int max_q_per_
 //                 (DecodePrecision, kernel/decode_mma.cuh); for quantized caches whose
 //                 groups give each lane ≥ 16 bits (every preset) and fp16/bf16 caches,
 //                 sm_80+ (kvq/cuda/traits/tensor_core.hpp)
-//   automatic   : tensor_core where the cache type has one, else simt. Measured on an H200
+//   automatic   : tensor_core where the cache type has one (no device check: sm_80+ is the
+//                 caller's), else simt; simt also for split calls whose tiles exceed the
+//                 kSplitCounters arrival counters. Measured on an H200
 //                 (benchmarks/gpu_check.sh, 2026-12-04): the tensor-core kernel was the faster
 //                 one at every shape from 1×4K to 64×32K, in both precisions and for fp16
 //                 and bf16 pages

@@ -11,8 +11,8 @@
 
 namespace kvq::cuda {
 
-// Tokens one warp processes per step of the decode kernels (one token per lane in the
-// q·k phase).
+// Tokens one warp processes per step of the decode kernels (the CUDA-core kernel: one
+// token per lane in the q·k phase; the tensor-core kernel: two 16-token m-tiles).
 inline constexpr int kWarpTokens = 32;
 // Rows per CTA of the tensor-core decode kernel: the N = 8 of m16n8k16 (tokens are M).
 inline constexpr int kMmaRows = 8;
@@ -52,7 +52,8 @@ KVQ_HOST_DEVICE constexpr int value_dims_per_lane(int head_dim, int rows) {
 }
 
 // Warps per decode CTA: each warp double-buffers its own 32-token tile, and the CTA's
-// staging buffers are kept ≤ 64 KiB so that several CTAs fit one SM.
+// staging buffers are kept ≤ 64 KiB so that several CTAs fit one SM, where one warp's two
+// stages allow it (else 1 warp: fp32 pages at d 256 stage 128 KiB).
 KVQ_HOST_DEVICE constexpr int decode_warps(std::size_t bytes_per_token) {
   const std::size_t stage = bytes_per_token * kWarpTokens;
   if (2 * 4 * stage <= 65536) return 4;
