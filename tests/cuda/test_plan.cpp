@@ -136,6 +136,25 @@ TEST(CudaPlan, TensorCoreKernelChoice) {
   EXPECT_EQ(plan.kernel, DecodeKernel::tensor_core);
   EXPECT_EQ(plan.rows, kMmaRows);
   EXPECT_EQ(plan.row_tiles, 1);
+  // A device that runs the kernel from code below compute_80 (the launchers ask): refused
+  // when asked for, the CUDA-core kernel under `automatic`, with the same workspace.
+  s.tensor_core_runs = false;
+  const Status refused = make_decode_plan(s, plan);
+  EXPECT_EQ(refused.code(), StatusCode::unsupported);
+  EXPECT_NE(refused.message().find("sm_80"), std::string::npos) << refused.message();
+  s.kernel = DecodeKernel::automatic;
+  s.num_splits = 3;
+  ASSERT_TRUE(make_decode_plan(s, plan).ok());
+  EXPECT_EQ(plan.kernel, DecodeKernel::simt);
+  EXPECT_EQ(plan.rows, 4);
+  EXPECT_GT(plan.merge_grid.x, 0u);  // the CUDA-core kernel's splits go through the merge kernel
+  const std::size_t simt_workspace = plan.workspace_bytes();
+  s.tensor_core_runs = true;
+  ASSERT_TRUE(make_decode_plan(s, plan).ok());
+  EXPECT_EQ(plan.kernel, DecodeKernel::tensor_core);
+  EXPECT_EQ(plan.workspace_bytes(), simt_workspace);
+  s.kernel = DecodeKernel::tensor_core;
+  s.num_splits = 1;
   s.max_q_per_seq = 5;  // 5 tokens × 4 heads = 20 rows: three n8 tiles
   s.total_q = 10;
   ASSERT_TRUE(make_decode_plan(s, plan).ok());

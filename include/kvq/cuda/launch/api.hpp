@@ -26,8 +26,9 @@
 // decode_attention(…, stream, true).
 // CUDA graphs: the launchers may be captured (tests/cuda: CudaDependentLaunch). Run each
 // launcher once before capturing, as engines warm up before they capture: the first launch
-// of a kernel may load its module, and the first call with launch_with_pdl per kernel and
-// device asks the driver for its attributes.
+// of a kernel may load its module, and the first call with launch_with_pdl, or the first
+// decode that plans the tensor-core kernel, per kernel and device asks the driver for the
+// kernel's attributes.
 #pragma once
 
 #include <cstddef>
@@ -137,8 +138,9 @@ struct RotateArgs {
 //                   kSplitCounters (65536) sequence × row tile × KV head tiles: past them
 //                   `automatic` runs the CUDA-core kernel, an explicit tensor_core is refused
 //   kernel        : simt or tensor_core (see DecodeKernel in plan.hpp); asking for
-//                   tensor_core where kTensorCoreOk is false returns `unsupported`
-//                   (which caches have one: kvq/cuda/traits/tensor_core.hpp)
+//                   tensor_core where kTensorCoreOk is false (which caches have one:
+//                   kvq/cuda/traits/tensor_core.hpp), or where the device runs that
+//                   kernel from code compiled for below sm_80, returns `unsupported`
 //   precision     : operands of the tensor-core kernel, fast (default: fp16, the error
 //                   class of fp16 SDPA, bound in kernel/decode_mma.cuh) or exact (hi/lo
 //                   split, fp32-like); the CUDA-core kernel is fp32 either way (bf16 pages,

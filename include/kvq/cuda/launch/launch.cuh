@@ -24,24 +24,26 @@ namespace detail {
 
 inline dim3 to_dim3(Dim3 d) { return dim3(d.x, d.y, d.z); }
 
-// Whether `kern`, as the current device runs it, was compiled from PTX of compute_90 or
-// newer (cudaFuncGetAttributes' ptxVersion), so that it holds the grid-dependency wait
-// (kernel/grid_dependency.cuh). Such code runs only on compute capability 9+. A build
-// with sm_90 SASS and only older PTX runs a JIT of that PTX on newer architectures,
-// without the wait: it must not be launched with PDL. The answer is kept per (device,
-// kernel) in a fixed lock-free table, so a launch asks the driver once (no allocation);
-// kernels past the table's capacity are asked about on every launch.
-inline Status kernel_waits_for_prior_grids(const void* kern, bool& waits) {
+// The compute version of the PTX that the code the current device runs for `kern` was
+// compiled from (cudaFuncGetAttributes' ptxVersion: 90 for sm_90 SASS or a JIT of
+// compute_90 PTX). It decides what the launchers may use: the grid-dependency wait
+// (kernel/grid_dependency.cuh) exists from 90, so only such kernels are launched with
+// PDL (a build with sm_90 SASS and only older PTX runs a JIT of that PTX on newer
+// architectures, without the wait); mma.sync m16n8k16 exists from 80, so the tensor-core
+// decode of older code would trap. The answer is kept per (device, kernel) in a fixed
+// lock-free table, so a launch asks the driver once (no allocation); kernels past the
+// table's capacity are asked about on every launch.
+inline Status kernel_ptx_version(const void* kern, int& version) {
   constexpr int kDevices = 16, kSlots = 64;
   struct Slot {
     std::atomic<const void*> kernel{nullptr};
-    std::atomic<int> answer{0};  // 0: not asked yet, 1: no wait, 2: waits
+    std::atomic<int> answer{0};  // 0: not asked yet, else ptxVersion + 1
   };
   static Slot table[kDevices][kSlots];
   auto ask = [&]() -> Status {
     cudaFuncAttributes attr{};
     KVQ_CUDA_CHECK(cudaFuncGetAttributes(&attr, kern));
-    waits = attr.ptxVersion >= 90;
+    version = attr.ptxVersion;
     return {};
   };
   int dev = 0;
@@ -53,25 +55,26 @@ inline Status kernel_waits_for_prior_grids(const void* kern, bool& waits) {
     const void* owner = nullptr;
     if (!slot.kernel.compare_exchange_strong(owner, kern, std::memory_order_acq_rel) && owner != kern) continue;
     if (const int a = slot.answer.load(std::memory_order_acquire)) {
-      waits = a == 2;
+      version = a - 1;
       return {};
     }
     KVQ_RETURN_IF_ERROR(ask());
-    slot.answer.store(waits ? 2 : 1, std::memory_order_release);
+    slot.answer.store(version + 1, std::memory_order_release);
     return {};
   }
   return ask();
 }
 
 // kern<<<grid, threads, smem, stream>>>(args...), with programmatic dependent launch when
-// `launch_with_pdl` and the kernel holds the wait (above): the grid may then start before
-// the previous one in the stream has finished; kvq kernels wait for it before their first
-// global access.
+// `launch_with_pdl` and the kernel holds the wait (ptxVersion ≥ 90, above): the grid may
+// then start before the previous one in the stream has finished; kvq kernels wait for it
+// before their first global access.
 template <class... Params, class... Args>
 Status launch_kernel(void (*kern)(Params...), dim3 grid, int threads, std::size_t smem, Stream stream,
                      bool launch_with_pdl, const Args&... args) {
-  bool pdl = false;
-  if (launch_with_pdl) KVQ_RETURN_IF_ERROR(kernel_waits_for_prior_grids(reinterpret_cast<const void*>(kern), pdl));
+  int ptx_version = 0;
+  if (launch_with_pdl) KVQ_RETURN_IF_ERROR(kernel_ptx_version(reinterpret_cast<const void*>(kern), ptx_version));
+  const bool pdl = ptx_version >= 90;
   if (smem > 48 * 1024)
     KVQ_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchAttribute attr[1];
@@ -219,10 +222,31 @@ auto decode_kernel_params(const DenseDecodeArgs<T, D, QT, OT>& a, const DecodePl
 template <class Args>
 using decode_kernel_params_t = decltype(decode_kernel_params(std::declval<const Args&>(), DecodePlan{}));
 
+// `plan` made for the device: a tensor-core plan whose kernel the current device runs
+// from code older than compute_80 (kernel_ptx_version) is made again with
+// DecodeShape::tensor_core_runs = false: `automatic` then takes the CUDA-core kernel, an
+// explicit tensor_core is `unsupported`.
+template <class Args>
+Status plan_for_device(const Args& a, DecodePlan& plan) {
+  if constexpr (Args::kTensorCoreOk) {
+    if (plan.kernel != DecodeKernel::tensor_core) return {};
+    const auto l = select_decode_kernel<decode_kernel_params_t<Args>, true>(plan, a.precision);
+    int version = 0;
+    KVQ_RETURN_IF_ERROR(kernel_ptx_version(reinterpret_cast<const void*>(l.kernel), version));
+    if (version >= 80) return {};
+    DecodeShape s = a.shape();
+    s.tensor_core_runs = false;
+    return make_decode_plan(s, plan);
+  } else {
+    return {};
+  }
+}
+
 template <class Args>
 Status decode_any(const Args& a, Stream stream, bool launch_with_pdl) {
   DecodePlan plan;
   KVQ_RETURN_IF_ERROR(validate(a, plan));
+  KVQ_RETURN_IF_ERROR(plan_for_device(a, plan));
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
   return launch_decode<decode_kernel_params_t<Args>, Args::kTensorCoreOk>(decode_kernel_params(a, plan), plan,
                                                                          a.precision, stream, launch_with_pdl);
@@ -232,6 +256,7 @@ template <class Args>
 Status decode_ctas_per_sm_any(const Args& a, int& ctas) {
   DecodePlan plan;
   KVQ_RETURN_IF_ERROR(make_decode_plan(a.shape(), plan));
+  KVQ_RETURN_IF_ERROR(plan_for_device(a, plan));
   return ctas_per_sm<decode_kernel_params_t<Args>, Args::kTensorCoreOk>(plan, a.precision, ctas);
 }
 
@@ -262,8 +287,8 @@ Status decode_ctas_per_sm(const DenseDecodeArgs<T, D, QT, OT>& a, int& ctas) {
 // measurement (bench_cuda_decode, BM_DecodePipe*): the validation, plan and launch of
 // decode_attention / dense_decode_attention, through decode_mma_kernel<KP, Precision,
 // Pipeline>. Args = DecodeArgs or DenseDecodeArgs with kTensorCoreOk whose plan chooses
-// the tensor-core kernel (decode_attention returns `unsupported` otherwise;
-// decode_ctas_per_sm does not check); args.precision is ignored. Only TUs
+// the tensor-core kernel on a device that runs it (decode_attention returns `unsupported`
+// otherwise; decode_ctas_per_sm does not check); args.precision is ignored. Only TUs
 // that include this header can call them (they instantiate the kernel).
 namespace tuning {
 
@@ -283,6 +308,11 @@ Status decode_attention(const Args& a, Stream stream) {
   if (plan.kernel != DecodeKernel::tensor_core)
     return {StatusCode::unsupported, "cuda tuning::decode_attention: the plan did not choose the tensor-core kernel"};
   const auto l = detail::mma_decode_launch<detail::decode_kernel_params_t<Args>, Precision, Pipeline>();
+  int version = 0;
+  KVQ_RETURN_IF_ERROR(detail::kernel_ptx_version(reinterpret_cast<const void*>(l.kernel), version));
+  if (version < 80)
+    return {StatusCode::unsupported,
+            "cuda tuning::decode_attention: the device runs the tensor-core kernel from code compiled for below sm_80"};
   return detail::launch_decode_kernel(l.kernel, l.threads, l.smem, detail::decode_kernel_params(a, plan), plan, stream,
                                       false);
 }

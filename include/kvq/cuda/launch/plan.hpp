@@ -41,8 +41,10 @@ inline constexpr int choose_rows_per_cta(int head_dim, int group, int max_q_per_
 //                 (DecodePrecision, kernel/decode_mma.cuh); for quantized caches whose
 //                 groups give each lane ≥ 16 bits (every preset) and fp16/bf16 caches,
 //                 sm_80+ (kvq/cuda/traits/tensor_core.hpp)
-//   automatic   : tensor_core where the cache type has one (no device check: sm_80+ is the
-//                 caller's), else simt; simt also for split calls whose tiles exceed the
+//   automatic   : tensor_core where the cache type has one and the device runs it (the
+//                 launchers ask the driver which code the device runs for it: a device
+//                 below sm_80, or one that runs a JIT of PTX older than compute_80, takes
+//                 simt), else simt; simt also for split calls whose tiles exceed the
 //                 kSplitCounters arrival counters. Measured on an H200
 //                 (benchmarks/gpu_check.sh, 2026-12-04): the tensor-core kernel was the faster
 //                 one at every shape from 1×4K to 64×32K, in both precisions and for fp16
@@ -60,6 +62,11 @@ struct DecodeShape {
   int head_dim = 128;
   DecodeKernel kernel = DecodeKernel::automatic;
   bool tensor_core_ok = false;  // the cache type has a tensor-core kernel
+  // The device runs that kernel's mma code: the code it runs was compiled for compute_80
+  // or newer. The launchers ask the driver (cudaFuncGetAttributes' ptxVersion); planning
+  // on the host alone (decode_workspace_bytes, an engine's own plan) assumes it does,
+  // which changes no workspace size: both kernels take the same.
+  bool tensor_core_runs = true;
 };
 
 struct Dim3 {
@@ -102,6 +109,10 @@ inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
   KVQ_CHECK_ARG(s.kernel != DecodeKernel::tensor_core || s.tensor_core_ok, unsupported,
                 "decode plan: no tensor-core kernel for this cache (it serves quantized policies with "
                 "key group x bits >= 64 and value group x bits >= 128, and fp16/bf16 caches)");
+  KVQ_CHECK_ARG(s.kernel != DecodeKernel::tensor_core || !s.tensor_core_ok || s.tensor_core_runs, unsupported,
+                "decode plan: the device runs the tensor-core kernel from code compiled for below sm_80 (an older "
+                "device, or a JIT of older PTX), where mma.sync m16n8k16 does not exist: use DecodeKernel::simt "
+                "or DecodeKernel::automatic, or build for this device");
   const int group = s.num_qo_heads / s.num_kv_heads;
   // A sequence's query run never exceeds total_q: a looser bound would only add CTAs.
   const int q_cap = s.total_q > 1 ? s.total_q : 1;
@@ -118,7 +129,7 @@ inline Status make_decode_plan(const DecodeShape& s, DecodePlan& plan) {
                 "decode plan: num_splits > 1 with the tensor-core kernel takes at most " + std::to_string(counters) +
                     " (sequence, row tile, KV head) tiles (use num_splits = 1: such grids fill the GPU)");
   const bool simt = s.kernel == DecodeKernel::simt ||
-                    (s.kernel == DecodeKernel::automatic && (!s.tensor_core_ok || !counters_ok));
+                    (s.kernel == DecodeKernel::automatic && (!s.tensor_core_ok || !s.tensor_core_runs || !counters_ok));
   plan.kernel = simt ? DecodeKernel::simt : DecodeKernel::tensor_core;
   plan.rows = plan.kernel == DecodeKernel::tensor_core ? kMmaRows : choose_rows_per_cta(s.head_dim, group, max_q);
   const long long row_tiles = row_tiles_of(plan.rows);

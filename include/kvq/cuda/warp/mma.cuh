@@ -45,7 +45,7 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   }
 #elif defined(__CUDA_ARCH__)
-  __trap();  // below sm_80 (the launchers do not check the device: use DecodeKernel::simt there)
+  __trap();  // below sm_80: never launched there (launch.cuh's plan_for_device)
 #else
   (void)c, (void)a, (void)b;
 #endif
