@@ -40,6 +40,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <utility>
 
@@ -92,7 +93,10 @@ namespace detail {
 //   pack<Bits>       4·kLanes codes (c[k] lane i = element kLanes·k + i) → bytes by
 //                    saturating packs (negatives and INT_MIN → 0), min(levels, ·), then
 //                    little-endian within a byte
-//   clip             v > t ? t : (v < −t ? −t : v), the scalar quantizer's clipping
+//   clip             v > t ? t : (v < −t ? −t : v), the scalar quantizer's clipping, for
+//                    finite v: min(t, max(−t, v)) as the selects above, which return v
+//                    where it equals −t or t (zeros of either sign included), as the
+//                    scalar's compares do
 //
 // The ±1 factors of an in-vector butterfly of stride H: +1 in lanes with bit H clear
 // (they get x[i] + x[i+H]), −1 in the others (x[i−H] − x[i]). A constant in memory,
@@ -190,10 +194,7 @@ struct AppendSimd512 {
     return saturated;
   }
 
-  static KVQ_FORCE_INLINE F clip(F v, F t, F neg_t) {
-    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, t, _CMP_GT_OQ), t);
-    return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, neg_t, _CMP_LT_OQ), neg_t);
-  }
+  static KVQ_FORCE_INLINE F clip(F v, F t, F neg_t) { return min(t, max(neg_t, v)); }
 
   template <bool kClamp>
   static KVQ_FORCE_INLINE I codes(F x, F lo, F inv, F top) {
@@ -350,10 +351,7 @@ struct AppendSimd256 {
     return saturated;
   }
 
-  static KVQ_FORCE_INLINE F clip(F v, F t, F neg_t) {
-    v = _mm256_blendv_ps(v, t, _mm256_cmp_ps(v, t, _CMP_GT_OQ));
-    return _mm256_blendv_ps(v, neg_t, _mm256_cmp_ps(v, neg_t, _CMP_LT_OQ));
-  }
+  static KVQ_FORCE_INLINE F clip(F v, F t, F neg_t) { return min(t, max(neg_t, v)); }
 
   template <bool kClamp>
   static KVQ_FORCE_INLINE I codes(F x, F lo, F inv, F top) {
@@ -654,6 +652,20 @@ constexpr auto padded_bitonic_merge() {
   return net;
 }
 
+// A comparator's outputs: the selects below for scalars and integer vectors, and for
+// clip_rows' float keys the same selects as vmaxps / vminps (there are no NaN keys), as
+// GCC 12 builds a select of float vectors as a compare and a blend.
+template <class Vec>
+KVQ_FORCE_INLINE Vec key_max(Vec a, Vec b) {
+  return a > b ? a : b;
+}
+template <class Vec>
+KVQ_FORCE_INLINE Vec key_min(Vec a, Vec b) {
+  return a > b ? b : a;
+}
+KVQ_FORCE_INLINE AppendSimd::F key_max(AppendSimd::F a, AppendSimd::F b) { return AppendSimd::max(a, b); }
+KVQ_FORCE_INLINE AppendSimd::F key_min(AppendSimd::F a, AppendSimd::F b) { return AppendSimd::min(b, a); }
+
 template <auto& kNet, class Vec, std::size_t... I>
 KVQ_FORCE_INLINE void run_network(Vec* v, std::index_sequence<I...>) {
   (
@@ -662,8 +674,8 @@ KVQ_FORCE_INLINE void run_network(Vec* v, std::index_sequence<I...>) {
         if constexpr (c.b < 0) {
           v[-1 - c.b] = v[c.a];
         } else {
-          const Vec hi = v[c.a] > v[c.b] ? v[c.a] : v[c.b];
-          v[c.b] = v[c.a] > v[c.b] ? v[c.b] : v[c.a];
+          const Vec hi = key_max(v[c.a], v[c.b]);
+          v[c.b] = key_min(v[c.a], v[c.b]);
           v[c.a] = hi;
         }
       }(),
@@ -682,9 +694,8 @@ inline constexpr auto kBitonicMerge = padded_bitonic_merge<K>();
 // The clipping of a clipping spec for n rows: out[r] = x[r] with every finite group
 // clamped to ±t, t its threshold kth_smallest_abs(group, k), the same value bit for bit
 // (k = clip_rank). The scalar selection compares all pairs (G² compares per group); here
-// kLanes groups are selected at once, one group per lane, on the keys |bits(x)| (the
-// IEEE pattern with the sign cleared orders |x|; ±0 share the key 0), transposed so
-// that no step reduces across lanes:
+// kLanes groups are selected at once, one group per lane, on the keys |x| (±0 share the
+// key +0; NaN becomes +∞), transposed so that no step reduces across lanes:
 //   5 ≤ m + 1 ≤ 16 (m = G−1−k: 11 values for 0.92 of 128, 6 for 0.92 of 64)
 //       a descending list of the m + 1 largest, kept by blocks of kLanes keys: a block
 //       sorted by a network, merged into the list as max(list[i], block[m − i]) (a
@@ -701,26 +712,31 @@ inline constexpr auto kBitonicMerge = padded_bitonic_merge<K>();
 //       rounds of G compares) — the rank-k key again.
 // A nonzero key is |x| itself; key 0 means the rank-k element is a zero, and the
 // scalar's index tie-break then picks the k-th zero in index order, whose sign the
-// threshold keeps. Groups with a non-finite element are copied unclipped (their result
+// threshold keeps. Groups with a non-finite element (found by their largest key, the
+// list's first entry, instead of a check per element) are copied unclipped (their result
 // is the scalar quantizer's).
 //   x[r] : [D] fp32;  out : [n][D]
 template <QuantSpec S, int D>
 KVQ_FORCE_INLINE void clip_rows(int n, const float* const* x, float (*out)[D]) {
   using V = AppendSimd;
-  using Keys = typename kvq::detail::GnuVec<std::int32_t, V::kLanes>::type;
+  // Keys are |x| as floats with NaN raised to +∞: for such values the float order is the
+  // order of their IEEE patterns, and float min/max issue on two ports where 512-bit
+  // integer min/max (vpminsd) issue on one. With the finiteness read off the largest key
+  // and clip() as min/max, K4V2_HC's append went 8.64–8.66 → 9.79–9.91 M token·heads/s
+  // (bench_cpu, a Xeon core, 2026-12-07).
+  using Keys = typename V::F;
+  using KeyBits = typename kvq::detail::GnuVec<std::int32_t, V::kLanes>::type;
   constexpr int L = V::kLanes, G = S.group, NG = D / G, NV = G / L;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
   constexpr int k = clip_rank(G, S.clip_permille), m = G - 1 - k;
   static_assert(G % L == 0);
   const int total = n * NG;
   for (int i0 = 0; i0 < total; i0 += L) {
     const int count = total - i0 < L ? total - i0 : L;
     const float* group[L];
-    bool finite[L];
     for (int c = 0; c < L; ++c) {
       const int i = i0 + (c < count ? c : 0);  // lanes past the batch repeat the first group
       group[c] = x[i / NG] + (i % NG) * G;
-      finite[c] = true;
-      KVQ_UNROLL for (int v = 0; v < NV; ++v) finite[c] = V::all_finite(V::load(group[c] + L * v)) && finite[c];
     }
     // keys[e] lane c: the key of element e' of group c, for e' a permutation of e within
     // each block of kLanes (the order in which a lane sees its keys does not matter).
@@ -731,65 +747,72 @@ KVQ_FORCE_INLINE void clip_rows(int n, const float* const* x, float (*out)[D]) {
     for (int v = 0; v < NV; ++v) {
       Keys block[L];
       KVQ_UNROLL for (int c = 0; c < L; ++c) {
-        std::memcpy(&block[c], group[c] + L * v, sizeof(Keys));
-        block[c] &= 0x7fffffff;
+        KeyBits bits;
+        std::memcpy(&bits, group[c] + L * v, sizeof bits);
+        block[c] = V::min(reinterpret_cast<Keys>(bits & 0x7fffffff), V::set1(kInf));  // NaN → +∞
       }
       transpose_lanes<L>(block);
       KVQ_UNROLL for (int c = 0; c < L; ++c) keys[L * v + c] = block[c];
     }
-    Keys rank_k;
+    // rank_k: the rank-k key; max_key: the largest key, +∞ exactly when the group has a
+    // non-finite element.
+    Keys rank_k, max_key;
     if constexpr (m + 1 > 4 && m + 1 <= 16 && G % L == 0) {
       // Blocks of kLanes keys: 16 with AVX-512, 8 with AVX2.
       constexpr int K = m + 1, P = int(std::bit_ceil(unsigned(K))), B = L;
       Keys top[K];
+      KVQ_UNROLL for (int j = 0; j < K; ++j) top[j] = Keys{} - 1.f;  // set from the first block (GCC 12 cannot see it)
       for (int b = 0; b < G; b += B) {
         Keys block[B];
         KVQ_UNROLL for (int j = 0; j < B; ++j) block[j] = keys[b + j];
         run_network<kSortNetwork<B>>(block);
         if (b == 0) {
-          KVQ_UNROLL for (int j = 0; j < K; ++j) top[j] = j < B ? block[j] : Keys{} - 1;  // −1: below every key
+          KVQ_UNROLL for (int j = 0; j < K; ++j) top[j] = j < B ? block[j] : Keys{} - 1.f;  // −1: below every key
           continue;
         }
         // A block shorter than the list counts as padded with keys below every key: the
         // list's first K − B entries stay.
         Keys merged[P];
         KVQ_UNROLL for (int j = 0; j < K; ++j)
-          merged[j] = K - 1 - j >= B ? top[j] : (top[j] > block[K - 1 - j] ? top[j] : block[K - 1 - j]);
+          merged[j] = K - 1 - j >= B ? top[j] : key_max(top[j], block[K - 1 - j]);
         KVQ_UNROLL for (int j = K; j < P; ++j) merged[j] = Keys{};  // +∞ slots: never read
         run_network<kBitonicMerge<K>>(merged);
         KVQ_UNROLL for (int j = 0; j < K; ++j) top[j] = merged[P - K + j];
       }
-      rank_k = top[m];
+      rank_k = top[m], max_key = top[0];
     } else if constexpr (m + 1 <= 16) {
       Keys top[m + 1];
-      KVQ_UNROLL for (int j = 0; j <= m; ++j) top[j] = Keys{} - 1;  // below every key
+      KVQ_UNROLL for (int j = 0; j <= m; ++j) top[j] = Keys{} - 1.f;  // below every key
       for (int e = 0; e < G; ++e) {
         Keys key = keys[e];
         KVQ_UNROLL for (int j = 0; j <= m; ++j) {
-          const Keys larger = top[j] > key ? top[j] : key;
-          key = top[j] > key ? key : top[j];
+          const Keys larger = key_max(top[j], key);
+          key = key_min(top[j], key);
           top[j] = larger;
         }
       }
-      rank_k = top[m];
+      rank_k = top[m], max_key = top[0];
     } else {
-      rank_k = Keys{};
+      max_key = keys[0];
+      for (int e = 1; e < G; ++e) max_key = key_max(max_key, keys[e]);
+      KeyBits rank_bits = {};
       for (int bit = 30; bit >= 0; --bit) {
-        const Keys candidate = rank_k | (1 << bit);
-        Keys at_or_above[4] = {};  // −1 per key ≥ candidate, four chains
-        KVQ_UNROLL for (int e = 0; e < G; ++e) at_or_above[e % 4] += keys[e] >= candidate;
-        rank_k = (at_or_above[0] + at_or_above[1]) + (at_or_above[2] + at_or_above[3]) < -m ? candidate : rank_k;
+        const KeyBits candidate = rank_bits | (1 << bit);
+        KeyBits at_or_above[4] = {};  // −1 per key ≥ candidate, four chains
+        KVQ_UNROLL for (int e = 0; e < G; ++e) at_or_above[e % 4] += reinterpret_cast<KeyBits>(keys[e]) >= candidate;
+        rank_bits = (at_or_above[0] + at_or_above[1]) + (at_or_above[2] + at_or_above[3]) < -m ? candidate : rank_bits;
       }
+      rank_k = reinterpret_cast<Keys>(rank_bits);
     }
     for (int c = 0; c < count; ++c) {
       const float* xg = group[c];
       float* dst = out[(i0 + c) / NG] + ((i0 + c) % NG) * G;
-      if (!finite[c]) {
+      if (max_key[c] == kInf) {
         std::memcpy(dst, xg, sizeof(float) * G);
         continue;
       }
-      float t = bits_float(std::uint32_t(rank_k[c]));
-      if (rank_k[c] == 0)
+      float t = rank_k[c];
+      if (t == 0.f)
         for (int e = 0, zeros = 0; e < G; ++e)
           if (xg[e] == 0.f && zeros++ == k) {
             t = xg[e];  // ±0: the scalar's x < 0 ? −x : x keeps it
