@@ -26,9 +26,10 @@
 //             conversion.
 // Non-finite groups and groups whose fp16 scale or lo saturates get the scalar
 // quantizer's own result.
-//   clipping  the threshold is the same k-th smallest |x| (selected on |x|'s IEEE
-//             pattern, a group per lane, instead of by the scalar's all-pairs ranking,
-//             detail::clip_rows), then the scalar's two compares per element.
+//   clipping  the threshold is the same k-th smallest |x| (selected on |x| compared as
+//             floats, a group per lane, instead of by the scalar's all-pairs ranking,
+//             detail::clip_rows), then min(t, max(−t, x)), which picks what the
+//             scalar's two compares pick, signed zeros included.
 // The quantizer runs 16 lanes wide with AVX-512 and 8 wide with AVX2 + F16C
 // (detail::AppendSimd), the FWHT 8 or, with AVX-512 and KVQ_CPU_FWHT_BITS = 512 (the
 // default off Zen 4), 16 wide (detail::FwhtSimd); without them,
@@ -652,7 +653,7 @@ constexpr auto padded_bitonic_merge() {
   return net;
 }
 
-// A comparator's outputs: the selects below for scalars and integer vectors, and for
+// A comparator's outputs: the selects below (scalars: the networks' tests), and for
 // clip_rows' float keys the same selects as vmaxps / vminps (there are no NaN keys), as
 // GCC 12 builds a select of float vectors as a compare and a blend.
 template <class Vec>

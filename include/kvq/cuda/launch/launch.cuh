@@ -52,8 +52,10 @@ inline Status kernel_ptx_version(const void* kern, int& version) {
   const std::size_t home = (reinterpret_cast<std::uintptr_t>(kern) >> 4) % kSlots;
   for (int i = 0; i < kSlots; ++i) {
     Slot& slot = table[dev][(home + i) % kSlots];
-    const void* owner = nullptr;
-    if (!slot.kernel.compare_exchange_strong(owner, kern, std::memory_order_acq_rel) && owner != kern) continue;
+    // A load first: a slot already ours (every launch after the first) is not written.
+    const void* owner = slot.kernel.load(std::memory_order_acquire);
+    if (!owner && slot.kernel.compare_exchange_strong(owner, kern, std::memory_order_acq_rel)) owner = kern;
+    if (owner != kern) continue;
     if (const int a = slot.answer.load(std::memory_order_acquire)) {
       version = a - 1;
       return {};
@@ -225,7 +227,8 @@ using decode_kernel_params_t = decltype(decode_kernel_params(std::declval<const 
 // `plan` made for the device: a tensor-core plan whose kernel the current device runs
 // from code older than compute_80 (kernel_ptx_version) is made again with
 // DecodeShape::tensor_core_runs = false: `automatic` then takes the CUDA-core kernel, an
-// explicit tensor_core is `unsupported`.
+// explicit tensor_core is `unsupported`. The workspace validated for the first plan stays
+// right: both kernels take the same (CudaPlan.TensorCoreKernelChoice).
 template <class Args>
 Status plan_for_device(const Args& a, DecodePlan& plan) {
   if constexpr (Args::kTensorCoreOk) {
@@ -246,8 +249,8 @@ template <class Args>
 Status decode_any(const Args& a, Stream stream, bool launch_with_pdl) {
   DecodePlan plan;
   KVQ_RETURN_IF_ERROR(validate(a, plan));
-  KVQ_RETURN_IF_ERROR(plan_for_device(a, plan));
   if (a.table.batch_size == 0 || a.total_q == 0) return {};
+  KVQ_RETURN_IF_ERROR(plan_for_device(a, plan));
   return launch_decode<decode_kernel_params_t<Args>, Args::kTensorCoreOk>(decode_kernel_params(a, plan), plan,
                                                                          a.precision, stream, launch_with_pdl);
 }
