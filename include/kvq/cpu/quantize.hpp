@@ -762,13 +762,13 @@ KVQ_FORCE_INLINE void clip_rows(int n, const float* const* x, float (*out)[D]) {
       // Blocks of kLanes keys: 16 with AVX-512, 8 with AVX2.
       constexpr int K = m + 1, P = int(std::bit_ceil(unsigned(K))), B = L;
       Keys top[K];
-      KVQ_UNROLL for (int j = 0; j < K; ++j) top[j] = Keys{} - 1.f;  // set from the first block (GCC 12 cannot see it)
+      KVQ_UNROLL for (int j = 0; j < K; ++j) top[j] = Keys{} - 1.f;  // −1: below every key
       for (int b = 0; b < G; b += B) {
         Keys block[B];
         KVQ_UNROLL for (int j = 0; j < B; ++j) block[j] = keys[b + j];
         run_network<kSortNetwork<B>>(block);
         if (b == 0) {
-          KVQ_UNROLL for (int j = 0; j < K; ++j) top[j] = j < B ? block[j] : Keys{} - 1.f;  // −1: below every key
+          KVQ_UNROLL for (int j = 0; j < K && j < B; ++j) top[j] = block[j];
           continue;
         }
         // A block shorter than the list counts as padded with keys below every key: the

@@ -24,6 +24,10 @@ namespace detail {
 
 inline dim3 to_dim3(Dim3 d) { return dim3(d.x, d.y, d.z); }
 
+// The oldest PTX (cudaFuncAttributes::ptxVersion) that has what the launchers use.
+inline constexpr int kPdlPtxVersion = 90;  // griddepcontrol.wait
+inline constexpr int kMmaPtxVersion = 80;  // mma.sync m16n8k16
+
 // The compute version of the PTX that the code the current device runs for `kern` was
 // compiled from (cudaFuncGetAttributes' ptxVersion: 90 for sm_90 SASS or a JIT of
 // compute_90 PTX). It decides what the launchers may use: the grid-dependency wait
@@ -76,7 +80,7 @@ Status launch_kernel(void (*kern)(Params...), dim3 grid, int threads, std::size_
                      bool launch_with_pdl, const Args&... args) {
   int ptx_version = 0;
   if (launch_with_pdl) KVQ_RETURN_IF_ERROR(kernel_ptx_version(reinterpret_cast<const void*>(kern), ptx_version));
-  const bool pdl = ptx_version >= 90;
+  const bool pdl = ptx_version >= kPdlPtxVersion;
   if (smem > 48 * 1024)
     KVQ_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchAttribute attr[1];
@@ -236,7 +240,7 @@ Status plan_for_device(const Args& a, DecodePlan& plan) {
     const auto l = select_decode_kernel<decode_kernel_params_t<Args>, true>(plan, a.precision);
     int version = 0;
     KVQ_RETURN_IF_ERROR(kernel_ptx_version(reinterpret_cast<const void*>(l.kernel), version));
-    if (version >= 80) return {};
+    if (version >= kMmaPtxVersion) return {};
     DecodeShape s = a.shape();
     s.tensor_core_runs = false;
     return make_decode_plan(s, plan);
@@ -313,7 +317,7 @@ Status decode_attention(const Args& a, Stream stream) {
   const auto l = detail::mma_decode_launch<detail::decode_kernel_params_t<Args>, Precision, Pipeline>();
   int version = 0;
   KVQ_RETURN_IF_ERROR(detail::kernel_ptx_version(reinterpret_cast<const void*>(l.kernel), version));
-  if (version < 80)
+  if (version < detail::kMmaPtxVersion)
     return {StatusCode::unsupported,
             "cuda tuning::decode_attention: the device runs the tensor-core kernel from code compiled for below sm_80"};
   return detail::launch_decode_kernel(l.kernel, l.threads, l.smem, detail::decode_kernel_params(a, plan), plan, stream,
