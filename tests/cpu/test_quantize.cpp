@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <utility>
 #include <vector>
@@ -199,6 +200,72 @@ TEST(CpuQuantize, AppendWritesTheScalarReferenceBytes) {
     check_append<K4V2_R.with_head_dim(64)>(11, hkv, tokens);
     check_append<K2V2_R.with_head_dim(256)>(12, hkv, tokens);
   }
+}
+
+// fp16 rows, the engines' usual source, through append_kv: with AVX-512 the d-128
+// Hadamard presets' 2-bit unclipped kinds go across lanes (16 rows per vector,
+// detail::quantize_rows_across_lanes), the others row by row; both against the scalar
+// reference on random and adversarial rows (test_rows in fp16: NaN, ±∞, zeros of both
+// signs, constants, beyond fp16), with means that allow lanes and ones that do not (huge,
+// NaN), sign seeds, every group size, head counts that change the batch's head pattern,
+// a remainder batch, and a position written twice inside one batch (the later row wins).
+template <kvq::Policy P>
+void check_append_fp16(std::uint32_t seed, int hkv, int tokens, float mean_scale) {
+  constexpr int D = P.head_dim;
+  const int page_size = 16, pages = (tokens + page_size - 1) / page_size + 1;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  const auto special = kvq::test::test_rows<D>(seed);
+  std::vector<kvq::half_t> k(std::size_t(tokens) * hkv * D), v(k.size());
+  for (std::size_t r = 0; r < std::size_t(tokens) * hkv; ++r)
+    for (int d = 0; d < D; ++d) {
+      const bool adversarial = r % 2 == 1;  // every test row at 5 heads × 64 tokens
+      k[r * D + d] = kvq::half_t(adversarial ? special[(r / 2) % special.size()][d] : 2.f * normal(rng) + 0.5f);
+      v[r * D + d] = kvq::half_t(adversarial ? special[(r / 2 + 7) % special.size()][d] : normal(rng));
+    }
+  kvq::LayerParams params;
+  params.key_mean.resize(std::size_t(hkv) * D);
+  for (auto& m : params.key_mean) m = mean_scale * normal(rng);
+  if (std::isnan(mean_scale)) params.key_mean.assign(params.key_mean.size(), 0.f), params.key_mean[D / 2] = mean_scale;
+  // Pages in reverse pool order; token 5 is written again by the last token of the
+  // first 16-row batch's span (position 5 twice when tokens > 8).
+  std::vector<std::int32_t> indptr{0, pages - 1}, indices(pages - 1), last{tokens - (pages - 2) * page_size};
+  for (int i = 0; i < pages - 1; ++i) indices[i] = pages - 1 - i;
+  const kvq::PageTableView table{indptr.data(), indices.data(), last.data(), 1, page_size, pages - 1};
+  std::vector<std::int32_t> batch(tokens, 0), positions(tokens);
+  std::iota(positions.begin(), positions.end(), 0);
+  if (tokens > 8) positions[7] = 5;
+  const kvq::PageLayout<P> layout{page_size, hkv};
+  std::vector<std::byte> pool(layout.page_bytes() * pages, kvq::test::kPoisonByte), reference = pool;
+  ASSERT_TRUE(kvq::append_kv<P>(kvq::PagedCacheView<P>{pool.data(), pages, layout}, table, k.data(), v.data(), tokens,
+                                batch.data(), positions.data(), params.view())
+                  .ok());
+  std::vector<float> kf(D), vf(D);
+  for (int t = 0; t < tokens; ++t)
+    for (int h = 0; h < hkv; ++h) {
+      const std::size_t row = (std::size_t(t) * hkv + h) * D;
+      for (int d = 0; d < D; ++d) kf[d] = float(k[row + d]), vf[d] = float(v[row + d]);
+      kvq::quantize_token_head<P>(kf.data(), vf.data(), h, positions[t] % page_size, params.view(), layout,
+                                  reference.data() + layout.page_bytes() * table.page_of(0, positions[t]));
+    }
+  EXPECT_EQ(std::memcmp(pool.data(), reference.data(), pool.size()), 0)
+      << kvq::to_string(P) << ", " << hkv << " KV heads × " << tokens << " tokens, means ×" << mean_scale;
+}
+
+TEST(CpuQuantize, AppendFromFp16WritesTheScalarReferenceBytes) {
+  using namespace kvq;
+  using namespace kvq::presets;
+  constexpr auto hadamard = Rotation::hadamard;
+  constexpr Policy kGroups{QuantSpec{2, 16, hadamard, true, 1000, MetaType::fp16, 7},
+                           QuantSpec{2, 64, hadamard, false, 1000, MetaType::fp16, 9}, 128};
+  for (const auto& [hkv, tokens] : {std::pair{2, 40}, {3, 37}, {1, 1}, {16, 3}, {5, 64}})
+    for (float mean_scale : {1.f, 1e20f, 1e35f, std::numeric_limits<float>::quiet_NaN()}) {
+      check_append_fp16<K2V2_HC>(1, hkv, tokens, mean_scale);
+      check_append_fp16<kGroups>(2, hkv, tokens, mean_scale);
+      check_append_fp16<K2V4_HC>(3, hkv, tokens, mean_scale);  // keys across lanes, values in rows
+      check_append_fp16<K2V2_H>(4, hkv, tokens, mean_scale);
+      check_append_fp16<K4V2_HC>(5, hkv, tokens, mean_scale);  // in rows
+    }
 }
 
 }  // namespace

@@ -96,9 +96,11 @@ void append_items(const PagedCacheView<P>& cache, const T* keys, const T* values
   int heads[kBatch], slots[kBatch];
   std::byte* pages[kBatch];
   for (int j = 0; j < kBatch; ++j) k_rows[j] = k[j], v_rows[j] = v[j];
+  cpu::AppendLaneMeans<P, T, kBatch> lane_means;
   int n = 0;
   auto flush = [&] {
-    cpu::quantize_token_heads_fast<P, kBatch>(n, k_src, v_src, k_rows, v_rows, heads, slots, pages, r, cache.layout);
+    cpu::quantize_token_heads_fast<P, kBatch>(n, k_src, v_src, k_rows, v_rows, heads, slots, pages, r, cache.layout,
+                                              lane_means);
     n = 0;
   };
   for (int i = 0; i < num_tokens; ++i) {

@@ -977,6 +977,246 @@ KVQ_FORCE_INLINE void quantize_rows_fast(int n, const float* const* x, std::uint
   for (int r = 0; r < n; ++r) quantize_row_generic<S, D>(x[r], packed[r], meta[r]);
 }
 
+namespace detail {
+
+// Rows across lanes: an append batch's 16 rows of one kind (keys or values) as 16 lanes,
+// lane t = row t, vector e = element e. Every FWHT stage is then adds between vectors
+// (in rows, 4 of d 128's 7 stages are a permute and an FMA per vector), the ranges are
+// lane-wise folds without the transpose of phase 1, and the inputs' fp16 transposes move
+// 32 elements per shuffle. K2V2_HC's append, a Xeon core: see benchmarks/README.md.
+// Taken where a row's finiteness shows in its first output: 16-bit sources that cannot
+// overflow (fp16, centered by means below kLaneMeanBound), where a non-finite input
+// makes every output of the FWHT non-finite and finite inputs none.
+template <QuantSpec S, int D, class T, int kMaxRows>
+inline constexpr bool kRowsAcrossLanes =
+    KVQ_CPU_AVX512 && D == 128 && kMaxRows == 16 && std::is_same_v<T, half_t> && S.rotation == Rotation::hadamard &&
+    S.meta == MetaType::fp16 && S.bits == 2 && !(S.clips() && clip_rank(S.group, S.clip_permille) < S.group - 1);
+
+// |mean| below 2^100: |x − mean| < 2^101 for fp16 x, and the FWHT's sums of 128 such
+// terms stay far below FLT_MAX.
+inline constexpr float kLaneMeanBound = 0x1p100f;
+
+// The centering means as lanes, for the batch's heads: lanes[e][t] = mean[heads[t]·D + e].
+// Rebuilt only when the batch's heads differ from the last batch's (an append of
+// Hkv | 16 heads builds it once). usable: every mean finite and below kLaneMeanBound.
+template <int D>
+struct LaneMeans {
+  alignas(64) float lanes[D][16];
+  int heads[16];
+  const float* mean = nullptr;
+  bool usable = false;
+
+  bool prepare(const float* new_mean, const int* batch_heads) {
+    if (mean == new_mean && std::memcmp(heads, batch_heads, sizeof heads) == 0) return usable;
+    mean = new_mean;
+    std::memcpy(heads, batch_heads, sizeof heads);
+    usable = true;
+    for (int e = 0; e < D; ++e)
+      for (int t = 0; t < 16; ++t) {
+        const float m = new_mean[heads[t] * D + e];
+        usable &= (m < 0.f ? -m : m) < kLaneMeanBound;  // false for NaN
+        lanes[e][t] = m;
+      }
+    return usable;
+  }
+  const float* data() const { return &lanes[0][0]; }
+};
+template <>
+struct LaneMeans<0> {  // for appends whose key rows do not go across lanes centered
+  bool prepare(const float*, const int*) { return false; }
+  const float* data() const { return nullptr; }
+};
+
+}  // namespace detail
+
+// The workspace of the key rows that quantize_token_heads_fast quantizes across lanes
+// (detail::LaneMeans when they are centered), or nothing.
+template <Policy P, class T, int kMaxRows>
+using AppendLaneMeans =
+    detail::LaneMeans<detail::kRowsAcrossLanes<P.key, P.head_dim, T, kMaxRows> && P.key.centered ? P.head_dim : 0>;
+
+#if KVQ_CPU_AVX512
+namespace detail {
+
+// Codes and metadata of n ≤ 16 rows of one kind, from fp16 sources, bit-identical to
+// kvq::quantize_token_head's steps (x − mean, the signs, the FWHT, 1/√D, quantize_row).
+//   src[t] : [D] fp16 (t < 16; lanes past n repeat a row);  mean_lanes : LaneMeans::lanes
+//   or null;  codes[t] : [D·bits/8];  meta[t] : [D/G][2];  next : the rows that follow,
+//   prefetched (the next batch's, in an append's token order).
+// Steps: 16-bit transposes into t16; per block of 16 elements the conversion, centering,
+// signs and the stages of strides 1–8 (f); per low nibble the strides 16–64, 1/√D and the
+// ranges (f again); metadata a group per lane; codes per 16 elements into a dword per
+// lane; one transpose back into rows. A row whose first output is non-finite, and groups
+// whose extremum is a zero (its sign is the scalar fold's order's) or whose fp16
+// metadata saturates, are redone by the scalar code.
+template <QuantSpec S, int D>
+void quantize_rows_across_lanes(const std::uint16_t* const* src, const float* mean_lanes, std::uint32_t sign_seed,
+                                std::uint8_t* const* codes, meta_storage_t<S.meta>* const* meta, int n,
+                                const void* next) {
+  using V = AppendSimd512;
+  using F = __m512;
+  using I = __m512i;
+  constexpr int G = S.group, NG = D / G, NB = D / 16, kPerGroup = NB / NG;
+  constexpr __mmask16 kAll = V::kAll;  // masked forms: see AppendSimd512
+  constexpr __mmask8 kAllQwords = 0xFF;
+  static_assert(D == 128 && S.bits == 2 && G >= 16);
+  alignas(64) std::uint16_t t16[NB][8][32];  // block b, vector k: elements 16b + k, 16b + 8 + k
+  alignas(64) float f[D][16];
+  // 1. Transposes, 32 elements × 16 rows at a time: unpacks of words, dwords and qwords
+  //    leave, in each 128-bit lane q, element 8q + k of 8 rows; a qword permutation joins
+  //    rows 0–7 and 8–15.
+  const I join0 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), join1 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  for (int c = 0; c < D / 32; ++c) {
+    I a[16], w[8][2], d[4][4], o[2][8];
+    KVQ_UNROLL for (int t = 0; t < 16; ++t) a[t] = _mm512_loadu_si512(src[t] + 32 * c);
+    KVQ_UNROLL for (int p = 0; p < 8; ++p) {
+      w[p][0] = _mm512_unpacklo_epi16(a[2 * p], a[2 * p + 1]);  // elements 0–3 of lane q, rows 2p, 2p + 1
+      w[p][1] = _mm512_unpackhi_epi16(a[2 * p], a[2 * p + 1]);  // 4–7
+    }
+    KVQ_UNROLL for (int r = 0; r < 4; ++r)
+      KVQ_UNROLL for (int h = 0; h < 2; ++h) {
+        d[r][2 * h] = _mm512_maskz_unpacklo_epi32(kAll, w[2 * r][h], w[2 * r + 1][h]);  // elements 4h, 4h + 1 of rows 4r..
+        d[r][2 * h + 1] = _mm512_maskz_unpackhi_epi32(kAll, w[2 * r][h], w[2 * r + 1][h]);
+      }
+    KVQ_UNROLL for (int h = 0; h < 2; ++h)
+      KVQ_UNROLL for (int j = 0; j < 4; ++j) {
+        o[h][2 * j] = _mm512_maskz_unpacklo_epi64(kAllQwords, d[2 * h][j], d[2 * h + 1][j]);  // element 2j of rows 8h..8h + 7
+        o[h][2 * j + 1] = _mm512_maskz_unpackhi_epi64(kAllQwords, d[2 * h][j], d[2 * h + 1][j]);
+      }
+    KVQ_UNROLL for (int k = 0; k < 8; ++k) {
+      _mm512_store_si512(t16[2 * c][k], _mm512_permutex2var_epi64(o[0][k], join0, o[1][k]));
+      _mm512_store_si512(t16[2 * c + 1][k], _mm512_permutex2var_epi64(o[0][k], join1, o[1][k]));
+    }
+  }
+  // 2. Strides 1–8: inside each block of 16 element vectors.
+  alignas(64) float signs[D];
+  if (sign_seed != 0)
+    for (int e = 0; e < D; ++e) signs[e] = hadamard_sign(sign_seed, e);
+  for (int b = 0; b < NB; ++b) {
+    F x[16];
+    KVQ_UNROLL for (int k = 0; k < 8; ++k) {
+      x[k] = _mm512_maskz_cvtph_ps(kAll, _mm256_load_si256(reinterpret_cast<const __m256i*>(t16[b][k])));
+      x[8 + k] = _mm512_maskz_cvtph_ps(kAll, _mm256_load_si256(reinterpret_cast<const __m256i*>(t16[b][k] + 16)));
+    }
+    if (mean_lanes)
+      KVQ_UNROLL for (int i = 0; i < 16; ++i) x[i] = V::sub(x[i], V::load(mean_lanes + (16 * b + i) * 16));
+    if (sign_seed != 0) KVQ_UNROLL for (int i = 0; i < 16; ++i) x[i] = V::mul(x[i], V::set1(signs[16 * b + i]));
+    butterflies_across<1, 16, V>(x);
+    KVQ_UNROLL for (int i = 0; i < 16; ++i) V::store(f[16 * b + i], x[i]);
+  }
+  // 3. Strides 16–64 over the vectors l + 16m, 1/√D, and each group's lane-wise min/max
+  //    (two chains; in another order than the scalar fold's, which only a zero extremum's
+  //    sign can tell: step 4 recomputes those).
+  const F norm = V::set1(inv_sqrt_pow2(D));
+  F lo[NG][2], hi[NG][2];
+  for (int l = 0; l < 16; ++l) {
+    KVQ_UNROLL for (int z = 0; z < 4; ++z) _mm_prefetch(static_cast<const char*>(next) + 64 * (4 * l + z), _MM_HINT_T0);
+    F y[NB];
+    KVQ_UNROLL for (int m = 0; m < NB; ++m) y[m] = V::load(f[l + 16 * m]);
+    butterflies_across<1, NB, V>(y);
+    KVQ_UNROLL for (int m = 0; m < NB; ++m) {
+      y[m] = V::mul(y[m], norm);
+      V::store(f[l + 16 * m], y[m]);
+    }
+    KVQ_UNROLL for (int g = 0; g < NG; ++g) {  // group g: vectors m = kPerGroup·g ..
+      F l0 = y[kPerGroup * g], h0 = l0;
+      KVQ_UNROLL for (int q = 1; q < kPerGroup; ++q) {
+        l0 = V::min(l0, y[kPerGroup * g + q]);
+        h0 = V::max(h0, y[kPerGroup * g + q]);
+      }
+      if (l < 2) {
+        lo[g][l] = l0, hi[g][l] = h0;
+      } else {
+        lo[g][l & 1] = V::min(lo[g][l & 1], l0);
+        hi[g][l & 1] = V::max(hi[g][l & 1], h0);
+      }
+    }
+  }
+  // 4. Metadata, a group per lane; rows with a non-finite first output redo everything.
+  const std::uint32_t valid = (1u << n) - 1;
+  const std::uint32_t nonfinite_rows = _mm512_fpclass_ps_mask(V::load(f[0]), 0x99);  // QNaN, SNaN, ±∞
+  std::uint32_t redo[NG];
+  alignas(64) float lo_stored[NG][16], inv[NG][16];
+  alignas(64) std::uint32_t pairs[NG][16];
+  KVQ_UNROLL for (int g = 0; g < NG; ++g) {
+    F l = V::min(lo[g][0], lo[g][1]), h = V::max(hi[g][0], hi[g][1]);
+    if (unsigned zero = V::zero_lanes(l, h) & ~nonfinite_rows & valid) {
+      alignas(64) float lz[16], hz[16];
+      V::store(lz, l), V::store(hz, h);
+      for (; zero != 0; zero &= zero - 1) {
+        const int t = __builtin_ctz(zero);
+        float a = f[G * g][t], z = a;
+        for (int e = 1; e < G; ++e) a = fmin_f(a, f[G * g + e][t]), z = fmax_f(z, f[G * g + e][t]);
+        lz[t] = a, hz[t] = z;
+      }
+      l = V::load(lz), h = V::load(hz);
+    }
+    redo[g] = (V::fp16_metadata(l, h, float(S.levels()), pairs[g], lo_stored[g], inv[g]) | nonfinite_rows) & valid;
+  }
+  for (int t = 0; t < n; ++t)
+    KVQ_UNROLL for (int g = 0; g < NG; ++g) std::memcpy(meta[t] + 2 * g, &pairs[g][t], sizeof(std::uint32_t));
+  // 5. Codes per 16 elements 16b + 4k + j: the four vectors of j (k = 0..3) packed to
+  //    bytes (byte 4k + r of 128-bit lane q: row 4q + r), clamped to 3, and the four j
+  //    combined by shifts (codes below 4 stay inside their byte), then bytes regrouped by
+  //    row: dword t of packed[b] = bytes 4b..4b + 3 of row t's codes.
+  I packed[NB];
+  {
+    F lo_v[NG], inv_v[NG];
+    KVQ_UNROLL for (int g = 0; g < NG; ++g) lo_v[g] = V::load(lo_stored[g]), inv_v[g] = V::load(inv[g]);
+    const I by_row = _mm512_maskz_broadcast_i32x4(kAll, _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    KVQ_UNROLL for (int b = 0; b < NB; ++b) {
+      I part[4];
+      KVQ_UNROLL for (int j = 0; j < 4; ++j) {
+        I c[4];
+        KVQ_UNROLL for (int k = 0; k < 4; ++k) {
+          const int e = 16 * b + 4 * k + j;
+          c[k] = V::template codes<false>(V::load(f[e]), lo_v[e / G], inv_v[e / G], lo_v[e / G]);
+        }
+        part[j] = _mm512_min_epu8(_mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c[2], c[3])),
+                                  _mm512_set1_epi8(3));
+      }
+      const I low = _mm512_ternarylogic_epi32(part[0], _mm512_slli_epi16(part[1], 2), _mm512_slli_epi16(part[2], 4), 0xFE);
+      packed[b] = _mm512_shuffle_epi8(_mm512_or_si512(low, _mm512_slli_epi16(part[3], 6)), by_row);
+    }
+  }
+  // 6. packed[b] dword t → row t's 32 bytes: dword and qword unpacks give each 128-bit
+  //    lane q bytes 0–15 (lo[r]) and 16–31 (hi[r]) of row 4q + r; the qword permutation
+  //    joins them. Stored in row order: a later row with the same destination wins.
+  alignas(64) std::uint8_t rows[4][4][32];  // [r][pair of zmm halves]: rows r, 4 + r, 8 + r, 12 + r
+  {
+    I lo_half[4], hi_half[4];
+    KVQ_UNROLL for (int s = 0; s < 2; ++s) {
+      const I* p = packed + 4 * s;
+      const I l01 = _mm512_maskz_unpacklo_epi32(kAll, p[0], p[1]), h01 = _mm512_maskz_unpackhi_epi32(kAll, p[0], p[1]);
+      const I l23 = _mm512_maskz_unpacklo_epi32(kAll, p[2], p[3]), h23 = _mm512_maskz_unpackhi_epi32(kAll, p[2], p[3]);
+      I* out = s == 0 ? lo_half : hi_half;
+      out[0] = _mm512_maskz_unpacklo_epi64(kAllQwords, l01, l23), out[1] = _mm512_maskz_unpackhi_epi64(kAllQwords, l01, l23);
+      out[2] = _mm512_maskz_unpacklo_epi64(kAllQwords, h01, h23), out[3] = _mm512_maskz_unpackhi_epi64(kAllQwords, h01, h23);
+    }
+    KVQ_UNROLL for (int r = 0; r < 4; ++r) {
+      _mm512_store_si512(rows[r][0], _mm512_permutex2var_epi64(lo_half[r], join0, hi_half[r]));
+      _mm512_store_si512(rows[r][2], _mm512_permutex2var_epi64(lo_half[r], join1, hi_half[r]));
+    }
+  }
+  for (int t = 0; t < n; ++t) std::memcpy(codes[t], rows[t % 4][t / 4], 32);
+  // 7. The scalar quantizer's result for the groups marked above.
+  std::uint32_t any = 0;
+  KVQ_UNROLL for (int g = 0; g < NG; ++g) any |= redo[g];
+  for (; any != 0; any &= any - 1) {
+    const int t = __builtin_ctz(any);
+    bool overwritten = false;
+    for (int later = t + 1; later < n; ++later) overwritten |= codes[later] == codes[t];
+    if (overwritten) continue;
+    alignas(64) float row[D];
+    for (int e = 0; e < D; ++e) row[e] = f[e][t];
+    for (int g = 0; g < NG; ++g)
+      if (redo[g] >> t & 1) quantize_group<S>(row + G * g, codes[t] + g * (G * S.bits / 8), meta[t] + 2 * g);
+  }
+}
+
+}  // namespace detail
+#endif
+
 // kvq::quantize_token_head on the host, for n ≤ kMaxRows (token, KV head) items at
 // once: center and rotate key row k[j] and value row v[j] of KV head heads[j] into the
 // fp32 rows k_rows[j], v_rows[j] (workspace), then quantize them into pages[j], slot
@@ -985,7 +1225,8 @@ template <Policy P, int kMaxRows, ActivationType T>
 KVQ_FORCE_INLINE void quantize_token_heads_fast(int n, const T* const* k, const T* const* v, float* const* k_rows,
                                                 float* const* v_rows, const int* heads, const int* slots,
                                                 std::byte* const* pages, const RotationParams& r,
-                                                const PageLayout<P>& layout) {
+                                                const PageLayout<P>& layout,
+                                                AppendLaneMeans<P, T, kMaxRows>& lane_means) {
   constexpr int D = P.head_dim;
   // Centering and the FWHT per row; a learned rotation per KV head afterwards, for all
   // the batch's rows of that head in passes over its R.
@@ -1011,17 +1252,39 @@ KVQ_FORCE_INLINE void quantize_token_heads_fast(int n, const T* const* k, const 
   meta_storage_t<P.key.meta>* k_meta[kMaxRows];
   meta_storage_t<P.value.meta>* v_meta[kMaxRows];
   for (int j = 0; j < n; ++j) {
-    transform.template operator()<P.key>(k[j], k_rows[j], heads[j], r.key_mean);
-    transform.template operator()<P.value>(v[j], v_rows[j], heads[j], r.value_mean);
     k_codes[j] = reinterpret_cast<std::uint8_t*>(layout.key_codes(pages[j], heads[j], slots[j]));
     v_codes[j] = reinterpret_cast<std::uint8_t*>(layout.value_codes(pages[j], heads[j], slots[j]));
     k_meta[j] = reinterpret_cast<meta_storage_t<P.key.meta>*>(layout.key_meta_bytes(pages[j], heads[j], slots[j]));
     v_meta[j] = reinterpret_cast<meta_storage_t<P.value.meta>*>(layout.value_meta_bytes(pages[j], heads[j], slots[j]));
   }
-  rotate_by_head.template operator()<P.key>(k_rows, r.key_rotation);
-  rotate_by_head.template operator()<P.value>(v_rows, r.value_rotation);
-  quantize_rows_fast<P.key, D, kMaxRows>(n, k_rows, k_codes, k_meta);
-  quantize_rows_fast<P.value, D, kMaxRows>(n, v_rows, v_codes, v_meta);
+  // Each kind across lanes where it can (a full 16-lane batch; lanes past n repeat item 0),
+  // otherwise row by row.
+  auto quantize_kind = [&]<QuantSpec S, bool kKey>(const T* const* src, float* const* rows, std::uint8_t* const* codes,
+                                        meta_storage_t<S.meta>* const* meta, const float* mean, const float* rotation) {
+#if KVQ_CPU_AVX512
+    if constexpr (detail::kRowsAcrossLanes<S, D, T, kMaxRows> && (!S.centered || kKey)) {
+      const float* mean_lanes = nullptr;
+      bool across = true;
+      if constexpr (S.centered) {
+        int lane_heads[16];
+        for (int t = 0; t < 16; ++t) lane_heads[t] = heads[t < n ? t : 0];
+        across = lane_means.prepare(mean, lane_heads);
+        mean_lanes = lane_means.data();
+      }
+      if (across) {
+        const std::uint16_t* lanes[16];
+        for (int t = 0; t < 16; ++t) lanes[t] = reinterpret_cast<const std::uint16_t*>(src[t < n ? t : 0]);
+        detail::quantize_rows_across_lanes<S, D>(lanes, mean_lanes, S.sign_seed, codes, meta, n, src[n - 1] + D);
+        return;
+      }
+    }
+#endif
+    for (int j = 0; j < n; ++j) transform.template operator()<S>(src[j], rows[j], heads[j], mean);
+    rotate_by_head.template operator()<S>(rows, rotation);
+    quantize_rows_fast<S, D, kMaxRows>(n, rows, codes, meta);
+  };
+  quantize_kind.template operator()<P.key, true>(k, k_rows, k_codes, k_meta, r.key_mean, r.key_rotation);
+  quantize_kind.template operator()<P.value, false>(v, v_rows, v_codes, v_meta, r.value_mean, r.value_rotation);
 }
 
 }  // namespace kvq::cpu
