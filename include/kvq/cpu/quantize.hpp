@@ -399,8 +399,10 @@ struct AppendSimd256 {
 // ymm spill inside the append, which then got slower.) Rows across lanes instead (16 rows
 // per zmm: 16-bit transposes in, all FWHT stages as adds between vectors, ranges in
 // per-block chains, codes packed by shifts; bit-identical) took 83.6 ns per token·head
-// against these row-wise passes' 82.0 for K2V2_HC's batch of 16 (2026-12-06): the
-// transposes and three passes over an 8 KB buffer cost what they save.
+// against these row-wise passes' 82.0 for K2V2_HC's batch of 16 on the Zen 4 (2026-12-06):
+// the transposes and three passes over an 8 KB buffer cost what they save. On the Xeon
+// they gain: detail::quantize_rows_across_lanes takes d-128 2-bit kinds from fp16 where
+// the FWHT is 512 bits wide (K2V2_HC 12.5–12.8 → 13.6–14.1 M token·heads/s, 2026-12-08).
 #if KVQ_CPU_AVX512
 using AppendSimd = AppendSimd512;
 #define KVQ_CPU_APPEND_SIMD 1
@@ -984,13 +986,15 @@ namespace detail {
 // (in rows, 4 of d 128's 7 stages are a permute and an FMA per vector), the ranges are
 // lane-wise folds without the transpose of phase 1, and the inputs' fp16 transposes move
 // 32 elements per shuffle. K2V2_HC's append, a Xeon core: see benchmarks/README.md.
-// Taken where a row's finiteness shows in its first output: 16-bit sources that cannot
-// overflow (fp16, centered by means below kLaneMeanBound), where a non-finite input
-// makes every output of the FWHT non-finite and finite inputs none.
+// Taken with the 512-bit FWHT (the Zen 4's 256-bit one does not gain: see FwhtSimd), and
+// where a row's finiteness shows in its first output: fp16 sources, centered by means
+// below kLaneMeanBound, cannot overflow, so a non-finite input makes every output of the
+// FWHT non-finite and finite inputs none.
 template <QuantSpec S, int D, class T, int kMaxRows>
 inline constexpr bool kRowsAcrossLanes =
-    KVQ_CPU_AVX512 && D == 128 && kMaxRows == 16 && std::is_same_v<T, half_t> && S.rotation == Rotation::hadamard &&
-    S.meta == MetaType::fp16 && S.bits == 2 && !(S.clips() && clip_rank(S.group, S.clip_permille) < S.group - 1);
+    KVQ_CPU_AVX512 && KVQ_CPU_FWHT_BITS == 512 && D == 128 && kMaxRows == 16 && std::is_same_v<T, half_t> &&
+    S.rotation == Rotation::hadamard && S.meta == MetaType::fp16 && S.bits == 2 &&
+    !(S.clips() && clip_rank(S.group, S.clip_permille) < S.group - 1);
 
 // |mean| below 2^100: |x − mean| < 2^101 for fp16 x, and the FWHT's sums of 128 such
 // terms stay far below FLT_MAX.
@@ -1118,12 +1122,15 @@ void quantize_rows_across_lanes(const std::uint16_t* const* src, const float* me
       y[m] = V::mul(y[m], norm);
       V::store(f[l + 16 * m], y[m]);
     }
-    KVQ_UNROLL for (int g = 0; g < NG; ++g) {  // group g: vectors m = kPerGroup·g ..
-      F l0 = y[kPerGroup * g], h0 = l0;
-      KVQ_UNROLL for (int q = 1; q < kPerGroup; ++q) {
-        l0 = V::min(l0, y[kPerGroup * g + q]);
-        h0 = V::max(h0, y[kPerGroup * g + q]);
-      }
+    KVQ_UNROLL for (int g = 0; g < NG; ++g) {  // group g: vectors m = kPerGroup·g .., as a tree
+      F lows[kPerGroup], highs[kPerGroup];
+      KVQ_UNROLL for (int q = 0; q < kPerGroup; ++q) lows[q] = highs[q] = y[kPerGroup * g + q];
+      KVQ_UNROLL for (int width = kPerGroup / 2; width >= 1; width /= 2)
+        KVQ_UNROLL for (int q = 0; q < width; ++q) {
+          lows[q] = V::min(lows[q], lows[q + width]);
+          highs[q] = V::max(highs[q], highs[q + width]);
+        }
+      const F l0 = lows[0], h0 = highs[0];
       if (l < 2) {
         lo[g][l] = l0, hi[g][l] = h0;
       } else {
