@@ -258,7 +258,7 @@ TEST(CpuQuantize, AppendFromFp16WritesTheScalarReferenceBytes) {
   constexpr auto hadamard = Rotation::hadamard;
   constexpr Policy kGroups{QuantSpec{2, 16, hadamard, true, 1000, MetaType::fp16, 7},
                            QuantSpec{2, 64, hadamard, false, 1000, MetaType::fp16, 9}, 128};
-  for (const auto& [hkv, tokens] : {std::pair{2, 40}, {3, 37}, {1, 1}, {16, 3}, {5, 64}})
+  for (const auto& [hkv, tokens] : {std::pair{2, 40}, {3, 37}, {1, 1}, {16, 3}, {5, 64}, {40, 2}})
     for (float mean_scale : {1.f, 1e20f, 1e35f, std::numeric_limits<float>::quiet_NaN()}) {
       check_append_fp16<K2V2_HC>(1, hkv, tokens, mean_scale);
       check_append_fp16<kGroups>(2, hkv, tokens, mean_scale);

@@ -76,8 +76,8 @@ Status validate_append(const PagedCacheView<P>& cache, const PageTableView& tabl
 namespace detail {
 
 // The (token, KV head) items of an append (token i at locate(i) = {page, slot}; page < 0
-// skips it) for which owns(head, page) holds, in token order, 16 at a time through the
-// SIMD row path (bit-identical to quantize_token_head).
+// skips it) for which owns(head, page) holds, 16 at a time through the SIMD path
+// (bit-identical to quantize_token_head), each head's in token order.
 // 16 rows fill the 16 lanes of the quantizer's range transpose even for one group per
 // row (value group = head_dim); the rows take 2·16·D floats of stack. At d 256, 8 rows
 // (the presets' 128-wide value groups still fill 16 lanes) keep them at 16 KiB, half of
@@ -96,26 +96,45 @@ void append_items(const PagedCacheView<P>& cache, const T* keys, const T* values
   int heads[kBatch], slots[kBatch];
   std::byte* pages[kBatch];
   for (int j = 0; j < kBatch; ++j) k_rows[j] = k[j], v_rows[j] = v[j];
-  cpu::AppendLaneMeans<P, T, kBatch> lane_means;
   int n = 0;
   auto flush = [&] {
-    cpu::quantize_token_heads_fast<P, kBatch>(n, k_src, v_src, k_rows, v_rows, heads, slots, pages, r, cache.layout,
-                                              lane_means);
+    cpu::quantize_token_heads_fast<P, kBatch>(n, k_src, v_src, k_rows, v_rows, heads, slots, pages, r, cache.layout);
     n = 0;
   };
-  for (int i = 0; i < num_tokens; ++i) {
-    const auto [page_index, slot] = locate(i);  // page_index < 0: skip the token
-    if (page_index < 0) continue;
-    std::byte* page = cache.page(page_index);
-    for (int h = 0; h < hkv; ++h) {
-      if (!owns(h, page_index)) continue;
-      const std::size_t row = (std::size_t(i) * hkv + h) * D;
-      k_src[n] = keys + row, v_src[n] = values + row;
-      heads[n] = h, slots[n] = slot, pages[n] = page;
-      if (++n == kBatch) flush();
+  auto add = [&](int i, int h, std::byte* page, int slot) {
+    const std::size_t row = (std::size_t(i) * hkv + h) * D;
+    k_src[n] = keys + row, v_src[n] = values + row;
+    heads[n] = h, slots[n] = slot, pages[n] = page;
+    if (++n == kBatch) flush();
+  };
+  // Chunks of kBatch tokens: a chunk with every token present goes head by head (batches
+  // of one KV head, whose rows the SIMD path can take across lanes with its means as
+  // broadcasts), a partial one token by token (a decode step's few tokens make one batch,
+  // not one per head). Either way a head's rows go in token order.
+  for (int i0 = 0; i0 < num_tokens; i0 += kBatch) {
+    const int count = num_tokens - i0 < kBatch ? num_tokens - i0 : kBatch;
+    std::byte* chunk_pages[kBatch];
+    int chunk_page_index[kBatch], chunk_slots[kBatch], present = 0;
+    for (int c = 0; c < count; ++c) {
+      const auto [page_index, slot] = locate(i0 + c);  // page_index < 0: skip the token
+      chunk_page_index[c] = page_index, chunk_slots[c] = slot;
+      chunk_pages[c] = page_index < 0 ? nullptr : cache.page(page_index);
+      present += page_index >= 0;
+    }
+    if (present == kBatch) {
+      for (int h = 0; h < hkv; ++h) {
+        for (int c = 0; c < count; ++c)
+          if (owns(h, chunk_page_index[c])) add(i0 + c, h, chunk_pages[c], chunk_slots[c]);
+        if (n > 0) flush();
+      }
+    } else {
+      for (int c = 0; c < count; ++c)
+        if (chunk_pages[c])
+          for (int h = 0; h < hkv; ++h)
+            if (owns(h, chunk_page_index[c])) add(i0 + c, h, chunk_pages[c], chunk_slots[c]);
+      if (n > 0) flush();
     }
   }
-  if (n > 0) flush();
 }
 
 // The (page, slot) of token i, by batch index and position or by pool slot.

@@ -1000,52 +1000,27 @@ inline constexpr bool kRowsAcrossLanes =
 // terms stay far below FLT_MAX.
 inline constexpr float kLaneMeanBound = 0x1p100f;
 
-// The centering means as lanes, for the batch's heads: lanes[e][t] = mean[heads[t]·D + e].
-// Rebuilt only when the batch's heads differ from the last batch's (an append of
-// Hkv | 16 heads builds it once). usable: every mean finite and below kLaneMeanBound.
+#if KVQ_CPU_AVX512
+// Every mean of a head finite and below kLaneMeanBound (16 at a time: a scalar loop was
+// 7% of K2V2_HC's append).
 template <int D>
-struct LaneMeans {
-  alignas(64) float lanes[D][16];
-  int heads[16];
-  const float* mean = nullptr;
-  bool usable = false;
-
-  bool prepare(const float* new_mean, const int* batch_heads) {
-    if (mean == new_mean && std::memcmp(heads, batch_heads, sizeof heads) == 0) return usable;
-    mean = new_mean;
-    std::memcpy(heads, batch_heads, sizeof heads);
-    usable = true;
-    for (int e = 0; e < D; ++e)
-      for (int t = 0; t < 16; ++t) {
-        const float m = new_mean[heads[t] * D + e];
-        usable &= (m < 0.f ? -m : m) < kLaneMeanBound;  // false for NaN
-        lanes[e][t] = m;
-      }
-    return usable;
-  }
-  const float* data() const { return &lanes[0][0]; }
-};
-template <>
-struct LaneMeans<0> {  // for appends whose key rows do not go across lanes centered
-  bool prepare(const float*, const int*) { return false; }
-  const float* data() const { return nullptr; }
-};
+bool means_bounded(const float* mean) {
+  __mmask16 out = 0;
+  for (int e = 0; e < D; e += 16)
+    out |= _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(mean + e)), _mm512_set1_ps(kLaneMeanBound), _CMP_NLT_UQ);
+  return out == 0;  // NaN compares unordered: not below
+}
+#endif
 
 }  // namespace detail
-
-// The workspace of the key rows that quantize_token_heads_fast quantizes across lanes
-// (detail::LaneMeans when they are centered), or nothing.
-template <Policy P, class T, int kMaxRows>
-using AppendLaneMeans =
-    detail::LaneMeans<detail::kRowsAcrossLanes<P.key, P.head_dim, T, kMaxRows> && P.key.centered ? P.head_dim : 0>;
 
 #if KVQ_CPU_AVX512
 namespace detail {
 
 // Codes and metadata of n ≤ 16 rows of one kind, from fp16 sources, bit-identical to
 // kvq::quantize_token_head's steps (x − mean, the signs, the FWHT, 1/√D, quantize_row).
-//   src[t] : [D] fp16 (t < 16; lanes past n repeat a row);  mean_lanes : LaneMeans::lanes
-//   or null;  codes[t] : [D·bits/8];  meta[t] : [D/G][2];  next : the rows that follow,
+//   src[t] : [D] fp16 (t < 16; lanes past n repeat a row);  mean : [D], the rows' KV
+//   head's means, or null;  codes[t] : [D·bits/8];  meta[t] : [D/G][2];  next : the rows that follow,
 //   prefetched (the next batch's, in an append's token order).
 // Steps: 16-bit transposes into t16; per block of 16 elements the conversion, centering,
 // signs and the stages of strides 1–8 (f); per low nibble the strides 16–64, 1/√D and the
@@ -1054,9 +1029,9 @@ namespace detail {
 // whose extremum is a zero (its sign is the scalar fold's order's) or whose fp16
 // metadata saturates, are redone by the scalar code.
 template <QuantSpec S, int D>
-void quantize_rows_across_lanes(const std::uint16_t* const* src, const float* mean_lanes, std::uint32_t sign_seed,
+void quantize_rows_across_lanes(const std::uint16_t* const* src, const float* mean, std::uint32_t sign_seed,
                                 std::uint8_t* const* codes, meta_storage_t<S.meta>* const* meta, int n,
-                                const void* next) {
+                                std::ptrdiff_t next_offset) {
   using V = AppendSimd512;
   using F = __m512;
   using I = __m512i;
@@ -1102,8 +1077,7 @@ void quantize_rows_across_lanes(const std::uint16_t* const* src, const float* me
       x[k] = _mm512_maskz_cvtph_ps(kAll, _mm256_load_si256(reinterpret_cast<const __m256i*>(t16[b][k])));
       x[8 + k] = _mm512_maskz_cvtph_ps(kAll, _mm256_load_si256(reinterpret_cast<const __m256i*>(t16[b][k] + 16)));
     }
-    if (mean_lanes)
-      KVQ_UNROLL for (int i = 0; i < 16; ++i) x[i] = V::sub(x[i], V::load(mean_lanes + (16 * b + i) * 16));
+    if (mean) KVQ_UNROLL for (int i = 0; i < 16; ++i) x[i] = V::sub(x[i], V::set1(mean[16 * b + i]));
     if (sign_seed != 0) KVQ_UNROLL for (int i = 0; i < 16; ++i) x[i] = V::mul(x[i], V::set1(signs[16 * b + i]));
     butterflies_across<1, 16, V>(x);
     KVQ_UNROLL for (int i = 0; i < 16; ++i) V::store(f[16 * b + i], x[i]);
@@ -1114,7 +1088,8 @@ void quantize_rows_across_lanes(const std::uint16_t* const* src, const float* me
   const F norm = V::set1(inv_sqrt_pow2(D));
   F lo[NG][2], hi[NG][2];
   for (int l = 0; l < 16; ++l) {
-    KVQ_UNROLL for (int z = 0; z < 4; ++z) _mm_prefetch(static_cast<const char*>(next) + 64 * (4 * l + z), _MM_HINT_T0);
+    const std::uintptr_t next = reinterpret_cast<std::uintptr_t>(src[l]) + next_offset;  // may lie past the rows
+    KVQ_UNROLL for (int z = 0; z < D * 2 / 64; ++z) _mm_prefetch(reinterpret_cast<const char*>(next + 64 * z), _MM_HINT_T0);
     F y[NB];
     KVQ_UNROLL for (int m = 0; m < NB; ++m) y[m] = V::load(f[l + 16 * m]);
     butterflies_across<1, NB, V>(y);
@@ -1230,8 +1205,7 @@ template <Policy P, int kMaxRows, ActivationType T>
 KVQ_FORCE_INLINE void quantize_token_heads_fast(int n, const T* const* k, const T* const* v, float* const* k_rows,
                                                 float* const* v_rows, const int* heads, const int* slots,
                                                 std::byte* const* pages, const RotationParams& r,
-                                                const PageLayout<P>& layout,
-                                                AppendLaneMeans<P, T, kMaxRows>& lane_means) {
+                                                const PageLayout<P>& layout) {
   constexpr int D = P.head_dim;
   // Centering and the FWHT per row; a learned rotation per KV head afterwards, for all
   // the batch's rows of that head in passes over its R.
@@ -1264,32 +1238,38 @@ KVQ_FORCE_INLINE void quantize_token_heads_fast(int n, const T* const* k, const 
   }
   // Each kind across lanes where it can (a full 16-lane batch; lanes past n repeat item 0),
   // otherwise row by row.
-  auto quantize_kind = [&]<QuantSpec S, bool kKey>(const T* const* src, float* const* rows, std::uint8_t* const* codes,
+  // A kind goes across lanes where it can (a full batch; centered rows of one KV head
+  // with bounded means), otherwise row by row.
+  auto quantize_kind = [&]<QuantSpec S>(const T* const* src, float* const* rows, std::uint8_t* const* codes,
                                         meta_storage_t<S.meta>* const* meta, const float* mean, const float* rotation) {
 #if KVQ_CPU_AVX512
-    if constexpr (detail::kRowsAcrossLanes<S, D, T, kMaxRows> && (!S.centered || kKey)) {
-      const float* mean_lanes = nullptr;
-      bool across = true;
+    if constexpr (detail::kRowsAcrossLanes<S, D, T, kMaxRows>) {
+      bool across = n == kMaxRows;
       if constexpr (S.centered) {
-        int lane_heads[16];
-        for (int t = 0; t < 16; ++t) lane_heads[t] = heads[t < n ? t : 0];
-        across = lane_means.prepare(mean, lane_heads);
-        mean_lanes = lane_means.data();
+        for (int t = 1; t < n; ++t) across &= heads[t] == heads[0];
+        mean = mean + heads[0] * D;
+        across = across && detail::means_bounded<D>(mean);
       }
       if (across) {
         const std::uint16_t* lanes[16];
-        for (int t = 0; t < 16; ++t) lanes[t] = reinterpret_cast<const std::uint16_t*>(src[t < n ? t : 0]);
-        detail::quantize_rows_across_lanes<S, D>(lanes, mean_lanes, S.sign_seed, codes, meta, n, src[n - 1] + D);
+        for (int t = 0; t < 16; ++t) lanes[t] = reinterpret_cast<const std::uint16_t*>(src[t]);
+        // The next batch in append_items' order: the next KV head's rows of these tokens,
+        // or after the last head the next tokens' first head.
+        const int hkv = layout.num_kv_heads;
+        const std::ptrdiff_t next = heads[0] + 1 < hkv ? D : (std::ptrdiff_t(16) * hkv - heads[0]) * D;
+        detail::quantize_rows_across_lanes<S, D>(lanes, S.centered ? mean : nullptr, S.sign_seed, codes, meta, n,
+                                                 next * std::ptrdiff_t(sizeof(T)));
         return;
       }
+      if constexpr (S.centered) mean -= heads[0] * D;
     }
 #endif
     for (int j = 0; j < n; ++j) transform.template operator()<S>(src[j], rows[j], heads[j], mean);
     rotate_by_head.template operator()<S>(rows, rotation);
     quantize_rows_fast<S, D, kMaxRows>(n, rows, codes, meta);
   };
-  quantize_kind.template operator()<P.key, true>(k, k_rows, k_codes, k_meta, r.key_mean, r.key_rotation);
-  quantize_kind.template operator()<P.value, false>(v, v_rows, v_codes, v_meta, r.value_mean, r.value_rotation);
+  quantize_kind.template operator()<P.key>(k, k_rows, k_codes, k_meta, r.key_mean, r.key_rotation);
+  quantize_kind.template operator()<P.value>(v, v_rows, v_codes, v_meta, r.value_mean, r.value_rotation);
 }
 
 }  // namespace kvq::cpu
