@@ -1245,10 +1245,10 @@ KVQ_FORCE_INLINE void quantize_token_heads_fast(int n, const T* const* k, const 
 #if KVQ_CPU_AVX512
     if constexpr (detail::kRowsAcrossLanes<S, D, T, kMaxRows>) {
       bool across = n == kMaxRows;
+      const float* head_mean = S.centered ? mean + heads[0] * D : nullptr;
       if constexpr (S.centered) {
         for (int t = 1; t < n; ++t) across &= heads[t] == heads[0];
-        mean = mean + heads[0] * D;
-        across = across && detail::means_bounded<D>(mean);
+        across = across && detail::means_bounded<D>(head_mean);
       }
       if (across) {
         const std::uint16_t* lanes[16];
@@ -1257,11 +1257,10 @@ KVQ_FORCE_INLINE void quantize_token_heads_fast(int n, const T* const* k, const 
         // or after the last head the next tokens' first head.
         const int hkv = layout.num_kv_heads;
         const std::ptrdiff_t next = heads[0] + 1 < hkv ? D : (std::ptrdiff_t(16) * hkv - heads[0]) * D;
-        detail::quantize_rows_across_lanes<S, D>(lanes, S.centered ? mean : nullptr, S.sign_seed, codes, meta, n,
+        detail::quantize_rows_across_lanes<S, D>(lanes, head_mean, S.sign_seed, codes, meta, n,
                                                  next * std::ptrdiff_t(sizeof(T)));
         return;
       }
-      if constexpr (S.centered) mean -= heads[0] * D;
     }
 #endif
     for (int j = 0; j < n; ++j) transform.template operator()<S>(src[j], rows[j], heads[j], mean);
