@@ -107,10 +107,12 @@ void append_items(const PagedCacheView<P>& cache, const T* keys, const T* values
     heads[n] = h, slots[n] = slot, pages[n] = page;
     if (++n == kBatch) flush();
   };
-  // Chunks of kBatch tokens: a chunk with every token present goes head by head (batches
-  // of one KV head, whose rows the SIMD path can take across lanes with its means as
-  // broadcasts), a partial one token by token (a decode step's few tokens make one batch,
-  // not one per head). Either way a head's rows go in token order.
+  // Chunks of kBatch tokens. Where a kind can go across lanes (cpu::detail::kAppendByHead),
+  // a chunk with every token present goes head by head (batches of one KV head, whose
+  // means are then broadcasts); otherwise items go token by token, batches spanning
+  // chunks (a decode step's few tokens make one batch, not one per head). Either way a
+  // head's rows go in token order.
+  constexpr bool kByHead = cpu::detail::kAppendByHead<P, T, kBatch>;
   for (int i0 = 0; i0 < num_tokens; i0 += kBatch) {
     const int count = num_tokens - i0 < kBatch ? num_tokens - i0 : kBatch;
     std::byte* chunk_pages[kBatch];
@@ -121,7 +123,8 @@ void append_items(const PagedCacheView<P>& cache, const T* keys, const T* values
       chunk_pages[c] = page_index < 0 ? nullptr : cache.page(page_index);
       present += page_index >= 0;
     }
-    if (present == kBatch) {
+    if (kByHead && present == kBatch) {
+      if (n > 0) flush();
       for (int h = 0; h < hkv; ++h) {
         for (int c = 0; c < count; ++c)
           if (owns(h, chunk_page_index[c])) add(i0 + c, h, chunk_pages[c], chunk_slots[c]);
@@ -132,9 +135,9 @@ void append_items(const PagedCacheView<P>& cache, const T* keys, const T* values
         if (chunk_pages[c])
           for (int h = 0; h < hkv; ++h)
             if (owns(h, chunk_page_index[c])) add(i0 + c, h, chunk_pages[c], chunk_slots[c]);
-      if (n > 0) flush();
     }
   }
+  if (n > 0) flush();
 }
 
 // The (page, slot) of token i, by batch index and position or by pool slot.

@@ -996,6 +996,13 @@ inline constexpr bool kRowsAcrossLanes =
     S.rotation == Rotation::hadamard && S.meta == MetaType::fp16 && S.bits == 2 &&
     !(S.clips() && clip_rank(S.group, S.clip_permille) < S.group - 1);
 
+// Whether an append of P from T rows sends whole chunks of tokens head by head
+// (append_items): only where a kind can go across lanes. Row by row, batches of one head
+// made K4V2's append 3–13% slower than the token order's (2026-12-08).
+template <Policy P, class T, int kMaxRows>
+inline constexpr bool kAppendByHead = kRowsAcrossLanes<P.key, P.head_dim, T, kMaxRows> ||
+                                      (kRowsAcrossLanes<P.value, P.head_dim, T, kMaxRows> && !P.value.centered);
+
 // |mean| below 2^100: |x − mean| < 2^101 for fp16 x, and the FWHT's sums of 128 such
 // terms stay far below FLT_MAX.
 inline constexpr float kLaneMeanBound = 0x1p100f;
