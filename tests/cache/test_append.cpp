@@ -169,6 +169,17 @@ TEST(Append, TaskSplitWritesTheSerialBytes) {
                                   c.params.view(), tasks, threads).ok());
     EXPECT_EQ(c.pool, serial) << tasks << " tasks on threads";
   }
+  // fp16 rows: with AVX-512 whole chunks go head by head, across lanes (cpu/quantize.hpp).
+  std::vector<kvq::half_t> kh(k.begin(), k.end()), vh(v.begin(), v.end());
+  c.pool = poisoned;
+  ASSERT_TRUE(kvq::append_kv<P>(c.cache(), c.table(), kh.data(), vh.data(), n, bi.data(), pos.data(), c.params.view()).ok());
+  const std::vector<std::byte> serial16 = c.pool;
+  for (int tasks : {2, 3, 5}) {
+    c.pool = poisoned;
+    ASSERT_TRUE(kvq::append_kv<P>(c.cache(), c.table(), kh.data(), vh.data(), n, bi.data(), pos.data(),
+                                  c.params.view(), tasks, threads).ok());
+    EXPECT_EQ(c.pool, serial16) << tasks << " tasks on threads, fp16 rows";
+  }
   c.pool = poisoned;
   const auto bad = kvq::append_kv<P>(c.cache(), c.table(), k.data(), v.data(), n, bi.data(), pos.data(),
                                      c.params.view(), 0, reversed);
