@@ -402,7 +402,7 @@ struct AppendSimd256 {
 // against these row-wise passes' 82.0 for K2V2_HC's batch of 16 on the Zen 4 (2026-12-06):
 // the transposes and three passes over an 8 KB buffer cost what they save. On the Xeon
 // they gain: detail::quantize_rows_across_lanes takes d-128 2-bit kinds from fp16 where
-// the FWHT is 512 bits wide (K2V2_HC 12.5–12.8 → 13.6–14.1 M token·heads/s, 2026-12-08).
+// the FWHT is 512 bits wide (K2V2_HC's append 5–11% faster, 2026-12-08).
 #if KVQ_CPU_AVX512
 using AppendSimd = AppendSimd512;
 #define KVQ_CPU_APPEND_SIMD 1
@@ -1027,8 +1027,8 @@ namespace detail {
 // Codes and metadata of n ≤ 16 rows of one kind, from fp16 sources, bit-identical to
 // kvq::quantize_token_head's steps (x − mean, the signs, the FWHT, 1/√D, quantize_row).
 //   src[t] : [D] fp16 (t < 16; lanes past n repeat a row);  mean : [D], the rows' KV
-//   head's means, or null;  codes[t] : [D·bits/8];  meta[t] : [D/G][2];  next : the rows that follow,
-//   prefetched (the next batch's, in an append's token order).
+//   head's means, or null;  codes[t] : [D·bits/8];  meta[t] : [D/G][2];  next_offset :
+//   bytes from row t to the next batch's row t, prefetched.
 // Steps: 16-bit transposes into t16; per block of 16 elements the conversion, centering,
 // signs and the stages of strides 1–8 (f); per low nibble the strides 16–64, 1/√D and the
 // ranges (f again); metadata a group per lane; codes per 16 elements into a dword per
